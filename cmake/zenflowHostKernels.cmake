@@ -1,0 +1,47 @@
+# zenflow_host_kernels: the host kernels compiled once per ISA tier, each translation unit with
+# that tier's flags only, plus a dispatch table. Linking it (through zenflow::zenflow) defines
+# ZENFLOW_HOST_DISPATCH, which switches kernels.hpp from inline code to runtime dispatch.
+
+set(_zf_tiers scalar)
+set(_zf_flags_scalar "")
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i.86)$"
+   AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  list(APPEND _zf_tiers sse2 avx2 avx512)
+  set(_zf_flags_sse2 "-msse2")
+  set(_zf_flags_avx2 "-mavx2;-mf16c")
+  # GCC 12 warns falsely about _mm512_undefined_ps inside its own avx512fintrin.h.
+  set(_zf_flags_avx512 "-mavx512f;-mavx512cd;-mavx512dq;-mavx512bw;-mf16c")
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    list(APPEND _zf_flags_avx512 "-Wno-maybe-uninitialized;-Wno-uninitialized")
+  endif()
+endif()
+
+set(_zf_gen "${CMAKE_CURRENT_BINARY_DIR}/zenflow_host_kernels")
+set(_zf_sources "")
+set(ZF_TIER_DECLS "")
+set(ZF_TIER_CASES "")
+foreach(ZF_TIER IN LISTS _zf_tiers)
+  configure_file("${CMAKE_CURRENT_LIST_DIR}/host_kernels_tier.cpp.in" "${_zf_gen}/tier_${ZF_TIER}.cpp" @ONLY)
+  set_source_files_properties("${_zf_gen}/tier_${ZF_TIER}.cpp" PROPERTIES
+    COMPILE_OPTIONS "${_zf_flags_${ZF_TIER}}")
+  list(APPEND _zf_sources "${_zf_gen}/tier_${ZF_TIER}.cpp")
+  string(APPEND ZF_TIER_DECLS "extern const kernel_table tier_table_${ZF_TIER};\n")
+  string(APPEND ZF_TIER_CASES "    case isa::${ZF_TIER}: return &detail::tier_table_${ZF_TIER};\n")
+endforeach()
+configure_file("${CMAKE_CURRENT_LIST_DIR}/host_kernels_dispatch.cpp.in" "${_zf_gen}/dispatch.cpp" @ONLY)
+list(APPEND _zf_sources "${_zf_gen}/dispatch.cpp")
+
+add_library(zenflow_host_kernels STATIC ${_zf_sources})
+add_library(zenflow::host_kernels ALIAS zenflow_host_kernels)
+set_target_properties(zenflow_host_kernels PROPERTIES
+  EXPORT_NAME host_kernels
+  POSITION_INDEPENDENT_CODE ON
+  CXX_EXTENSIONS OFF)
+target_compile_features(zenflow_host_kernels PUBLIC cxx_std_20)
+target_compile_definitions(zenflow_host_kernels PUBLIC ZENFLOW_HOST_DISPATCH=1)
+target_include_directories(zenflow_host_kernels PRIVATE "${PROJECT_SOURCE_DIR}/include")
+target_link_libraries(zenflow_host_kernels PRIVATE TBB::tbb xsimd)
+if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  # Build the kernels optimised even in Debug builds of a consumer; never -ffast-math.
+  target_compile_options(zenflow_host_kernels PRIVATE -O3 -fno-math-errno)
+endif()

@@ -1,0 +1,215 @@
+// Host kernels: AdamW (fp32 master and moments, gradient in fp32/bf16/fp16, optional rounded
+// copy of the new params), gradient accumulation and dtype conversion. Vectorised with xsimd,
+// split across the threads of a caller-owned oneTBB task_arena.
+//
+// Two ways to get the ISA-specific code (README, "Host kernels and ISA dispatch"):
+//  - linking the CMake target zenflow::zenflow defines ZENFLOW_HOST_DISPATCH: the kernels come
+//    from a small library with one translation unit per tier (SSE2, AVX2, AVX-512), and the best
+//    tier the running CPU supports is picked at run time;
+//  - including the headers alone compiles the kernels inline for the ISA this translation unit
+//    is compiled for (e.g. -march=x86-64-v3 gives the AVX2 tier).
+// Either way every tier returns the same bits, whatever the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include "kernel_table.hpp"
+
+#if !defined(ZENFLOW_HOST_DISPATCH)
+#  include "detail/kernels_impl.hpp"
+#endif
+
+namespace zenflow::host {
+
+namespace detail {
+
+// Elements per scheduling block: a multiple of every vector width and of a 64-byte cache line,
+// so threads never share a written line. Below serial_below elements one thread is faster.
+inline constexpr std::size_t block_elems = 4096;
+inline constexpr std::size_t serial_below = std::size_t(1) << 15;
+
+template <class F>
+void parallel_blocks(tbb::task_arena& arena, std::size_t n, const F& f) {
+  if (n == 0) return;
+  if (n <= serial_below) return f(std::size_t(0), n);
+  const std::size_t blocks = (n + block_elems - 1) / block_elems;
+  // static_partitioner: one contiguous range per thread, the same split on every call, so each
+  // thread streams its own part of memory and repeated calls find it in the same place.
+  arena.execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, blocks),
+        [&](const tbb::blocked_range<std::size_t>& r) {
+          f(r.begin() * block_elems, std::min(n, r.end() * block_elems));
+        },
+        tbb::static_partitioner{});
+  });
+}
+
+[[noreturn]] inline void fail(const std::string& what) {
+  throw std::invalid_argument("zenflow: " + what);
+}
+
+inline void check_buffer(const void* p, dtype t, const char* name) {
+  if (!p) fail(std::string(name) + " is null");
+  if (reinterpret_cast<std::uintptr_t>(p) % size_of(t) != 0)
+    fail(std::string(name) + " is not aligned to its element size (" +
+         std::to_string(size_of(t)) + " bytes)");
+}
+
+struct extent {
+  const void* p;
+  std::size_t bytes;
+  const char* name;
+  bool written;
+};
+// Written buffers must not overlap anything else (a silent wrong answer otherwise).
+inline void check_disjoint(std::initializer_list<extent> xs) {
+  for (auto a = xs.begin(); a != xs.end(); ++a)
+    for (auto b = a + 1; b != xs.end(); ++b) {
+      if (!a->p || !b->p || !(a->written || b->written)) continue;
+      const auto a0 = reinterpret_cast<std::uintptr_t>(a->p), b0 = reinterpret_cast<std::uintptr_t>(b->p);
+      if (a0 < b0 + b->bytes && b0 < a0 + a->bytes)
+        fail(std::string(a->name) + " and " + b->name + " overlap");
+    }
+}
+
+inline bool finite(float x) noexcept { return x - x == 0.0f; }
+
+inline void check_hyper(const adamw_hyper& h) {
+  if (!finite(h.lr) || h.lr < 0) fail("lr must be finite and >= 0, got " + std::to_string(h.lr));
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) fail("beta1 must be in [0, 1), got " + std::to_string(h.beta1));
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) fail("beta2 must be in [0, 1), got " + std::to_string(h.beta2));
+  if (!finite(h.eps) || !(h.eps > 0)) fail("eps must be finite and > 0, got " + std::to_string(h.eps));
+  if (!finite(h.weight_decay) || h.weight_decay < 0)
+    fail("weight_decay must be finite and >= 0, got " + std::to_string(h.weight_decay));
+  if (h.mode != adam_mode::adamw && h.mode != adam_mode::classic) fail("unknown adam_mode");
+}
+
+inline void check_dtype(dtype t, const char* name) {
+  if (t != dtype::f32 && t != dtype::bf16 && t != dtype::f16) fail(std::string("unknown dtype of ") + name);
+}
+
+inline std::size_t checked_elems(std::size_t rows, std::size_t cols) {
+  if (cols != 0 && rows > std::numeric_limits<std::size_t>::max() / 4 / cols)
+    fail("rows * cols overflows");
+  return rows * cols;
+}
+
+}  // namespace detail
+
+#if defined(ZENFLOW_HOST_DISPATCH)
+inline namespace dispatched {
+// Defined by the zenflow_host_kernels library: the table of a tier, or nullptr if not built.
+const kernel_table* library_table(isa t) noexcept;
+// (internal) the table of a built tier, or nullptr
+inline const kernel_table* built_table(isa t) noexcept { return library_table(t); }
+#else
+inline namespace header_only {
+// (internal) the table of a built tier, or nullptr
+inline const kernel_table* built_table(isa t) noexcept {
+  static constexpr kernel_table scalar = detail::make_table<isa::scalar>();
+  static constexpr kernel_table native = detail::make_table<compiled_isa>();
+  if (t == isa::scalar) return &scalar;
+  if (t == compiled_isa) return &native;
+  return nullptr;
+}
+#endif
+
+// A tier is available when it was built and the running CPU supports it.
+inline bool available(isa t) noexcept { return built_table(t) && cpu_supports(t); }
+
+inline isa best_isa() noexcept {
+  static const isa best = [] {
+    for (isa t : {isa::avx512, isa::avx2, isa::sse2})
+      if (available(t)) return t;
+    return isa::scalar;
+  }();
+  return best;
+}
+
+inline const kernel_table& kernels(isa t) {
+  if (!available(t))
+    throw std::invalid_argument("zenflow: host ISA tier '" + std::string(name_of(t)) +
+                                "' is not available (not built, or not supported by this CPU)");
+  return *built_table(t);
+}
+
+// One AdamW step over a column-contiguous [cols][rows] block (a flat buffer: rows = n, cols = 1).
+// Column c uses Adam count counts[c] + 1 for its bias correction, and counts[c] is incremented.
+// Bad arguments throw std::invalid_argument before anything is written. Empty blocks do nothing.
+inline void adamw(tbb::task_arena& arena, const adamw_job& job, std::size_t cols,
+                  std::uint32_t* counts, isa tier = best_isa()) {
+  using namespace detail;
+  const std::size_t n = checked_elems(job.rows, cols);
+  if (n == 0) return;
+  const kernel_table& k = kernels(tier);
+  check_hyper(job.hyper);
+  check_dtype(job.grad_type, "grad");
+  if (!finite(job.grad_mul)) fail("grad_mul must be finite");
+  if (!finite(job.grad_div) || !(job.grad_div > 0)) fail("grad_div must be finite and > 0");
+  check_buffer(job.param, dtype::f32, "param");
+  check_buffer(job.exp_avg, dtype::f32, "exp_avg");
+  check_buffer(job.exp_avg_sq, dtype::f32, "exp_avg_sq");
+  check_buffer(job.grad, job.grad_type, "grad");
+  if (job.param_copy) {
+    check_dtype(job.copy_type, "param_copy");
+    check_buffer(job.param_copy, job.copy_type, "param_copy");
+  }
+  if (!counts) fail("counts is null");
+  check_disjoint({{job.param, 4 * n, "param", true},
+                  {job.exp_avg, 4 * n, "exp_avg", true},
+                  {job.exp_avg_sq, 4 * n, "exp_avg_sq", true},
+                  {job.grad, size_of(job.grad_type) * n, "grad", false},
+                  {job.param_copy, size_of(job.copy_type) * n, "param_copy", true},
+                  {counts, 4 * cols, "counts", true}});
+  for (std::size_t c = 0; c < cols; ++c)
+    if (counts[c] == std::numeric_limits<std::uint32_t>::max()) fail("an Adam step count would overflow");
+  adamw_job j = job;
+  j.counts = counts;
+  parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.adamw(j, b, e); });
+  for (std::size_t c = 0; c < cols; ++c) ++counts[c];
+}
+
+// acc[i] += grad[i] * factor, for i < n.
+inline void accumulate(tbb::task_arena& arena, const accumulate_job& job, std::size_t n,
+                       isa tier = best_isa()) {
+  using namespace detail;
+  if (n == 0) return;
+  const kernel_table& k = kernels(tier);
+  check_dtype(job.grad_type, "grad");
+  if (!finite(job.factor)) fail("factor must be finite");
+  check_buffer(job.acc, dtype::f32, "acc");
+  check_buffer(job.grad, job.grad_type, "grad");
+  checked_elems(n, 1);
+  check_disjoint({{job.acc, 4 * n, "acc", true}, {job.grad, size_of(job.grad_type) * n, "grad", false}});
+  parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.accumulate(job, b, e); });
+}
+
+// dst[i] = src[i] converted, for i < n (round to nearest even when narrowing).
+inline void convert(tbb::task_arena& arena, const convert_job& job, std::size_t n,
+                    isa tier = best_isa()) {
+  using namespace detail;
+  if (n == 0) return;
+  const kernel_table& k = kernels(tier);
+  check_dtype(job.src_type, "src");
+  check_dtype(job.dst_type, "dst");
+  check_buffer(job.src, job.src_type, "src");
+  check_buffer(job.dst, job.dst_type, "dst");
+  checked_elems(n, 1);
+  check_disjoint({{job.src, size_of(job.src_type) * n, "src", false},
+                  {job.dst, size_of(job.dst_type) * n, "dst", true}});
+  parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.convert(job, b, e); });
+}
+
+}  // inline namespace
+}  // namespace zenflow::host

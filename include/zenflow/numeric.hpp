@@ -1,0 +1,147 @@
+// Number formats: bfloat16 / float16 storage types, their round-to-nearest-even conversions,
+// and products that the compiler may not fuse into FMAs (so every path computes the same bits).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+#include "detail/macros.hpp"
+
+namespace zenflow {
+
+// Storage-only 16-bit formats. Layout-compatible with __nv_bfloat16 / __half, so a user's
+// device buffers can be passed with a reinterpret_cast.
+struct bfloat16 { std::uint16_t bits; };
+struct float16 { std::uint16_t bits; };
+static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2);
+static_assert(sizeof(float16) == 2 && alignof(float16) == 2);
+
+enum class dtype : std::uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
+
+constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4u : 2u; }
+constexpr std::string_view name_of(dtype t) noexcept {
+  return t == dtype::f32 ? "f32" : t == dtype::bf16 ? "bf16" : "f16";
+}
+
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr dtype value = dtype::f32; };
+template <> struct dtype_of<bfloat16> { static constexpr dtype value = dtype::bf16; };
+template <> struct dtype_of<float16> { static constexpr dtype value = dtype::f16; };
+template <class T> inline constexpr dtype dtype_of_v = dtype_of<T>::value;
+
+namespace detail {
+
+ZF_HD ZF_FORCEINLINE std::uint32_t bits_of(float x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+#endif
+}
+ZF_HD ZF_FORCEINLINE float float_of(std::uint32_t u) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+#endif
+}
+
+// Hide a value from the optimiser. A product passed through this cannot be contracted with a
+// following add into an FMA, whatever -ffp-contract says; it costs no instruction.
+template <class T>
+ZF_FORCEINLINE void opaque(T& x) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+x"(x));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  asm("" : "+w"(x));
+#else
+  volatile T v = x;
+  x = v;
+#endif
+}
+
+}  // namespace detail
+
+// Correctly rounded products that are never fused with a neighbouring add. Every multiply in
+// the AdamW and accumulation math goes through these, so host scalar code, every SIMD tier and
+// the CUDA kernels evaluate the same sequence of IEEE operations.
+ZF_HD ZF_FORCEINLINE float mul_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  float r = a * b;
+  detail::opaque(r);
+  return r;
+#endif
+}
+ZF_HD ZF_FORCEINLINE double mul_rn(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  double r = a * b;
+  detail::opaque(r);
+  return r;
+#endif
+}
+
+// bfloat16 <-> float. Round to nearest, ties to even; NaN stays NaN (quiet bit set, sign and the
+// top payload bits kept); overflow rounds to infinity; subnormals are kept, never flushed.
+ZF_HD ZF_FORCEINLINE float to_float(bfloat16 h) noexcept {
+  return detail::float_of(std::uint32_t(h.bits) << 16);
+}
+ZF_HD ZF_FORCEINLINE bfloat16 to_bfloat16(float x) noexcept {
+  const std::uint32_t u = detail::bits_of(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {std::uint16_t((u >> 16) | 0x40u)};
+  return {std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+
+// float16 <-> float, same rounding rules. NaN: sign | 0x7e00 | top 9 payload bits, as the F16C
+// instructions produce, so the scalar path and every SIMD tier agree bit for bit.
+ZF_HD ZF_FORCEINLINE float to_float(float16 h) noexcept {
+  const std::uint32_t sign = std::uint32_t(h.bits & 0x8000u) << 16;
+  const std::uint32_t e = (h.bits >> 10) & 0x1fu;
+  const std::uint32_t mant = h.bits & 0x3ffu;
+  if (e == 0x1fu)  // inf, or NaN made quiet
+    return detail::float_of(sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u));
+  if (e == 0u)  // zero or subnormal: mant * 2^-24, exact
+    return detail::float_of(sign | detail::bits_of(float(mant) * 5.9604644775390625e-8f));
+  return detail::float_of(sign | ((e + 112u) << 23) | (mant << 13));
+}
+ZF_HD ZF_FORCEINLINE float16 to_float16(float x) noexcept {
+  const std::uint32_t u = detail::bits_of(x);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t a = u & 0x7fffffffu;
+  std::uint32_t h;
+  if (a > 0x7f800000u) {
+    h = 0x7e00u | ((a >> 13) & 0x3ffu);
+  } else if (a >= 0x477ff000u) {  // >= 65520: rounds to infinity
+    h = 0x7c00u;
+  } else if (a >= 0x38800000u) {  // normal half: rebias the exponent, round the 13 dropped bits
+    h = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  } else {
+    // Subnormal half (or zero): adding 0.5f puts the 2^-24 quantum in the last mantissa bit,
+    // so the hardware add does the round-to-nearest-even.
+#if defined(__CUDA_ARCH__)
+    const float f = __fadd_rn(detail::float_of(a), 0.5f);
+#else
+    float f = detail::float_of(a);
+    detail::opaque(f);
+    f = f + 0.5f;
+#endif
+    h = detail::bits_of(f) - 0x3f000000u;
+  }
+  return {std::uint16_t(sign | h)};
+}
+
+template <class To> ZF_HD ZF_FORCEINLINE To from_float(float x) noexcept;
+template <> ZF_HD ZF_FORCEINLINE float from_float<float>(float x) noexcept { return x; }
+template <> ZF_HD ZF_FORCEINLINE bfloat16 from_float<bfloat16>(float x) noexcept { return to_bfloat16(x); }
+template <> ZF_HD ZF_FORCEINLINE float16 from_float<float16>(float x) noexcept { return to_float16(x); }
+ZF_HD ZF_FORCEINLINE float to_float(float x) noexcept { return x; }
+
+}  // namespace zenflow

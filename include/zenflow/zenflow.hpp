@@ -1,0 +1,14 @@
+// zenflow: the umbrella header.
+#pragma once
+
+#include "adamw.hpp"
+#include "numeric.hpp"
+#include "host/isa.hpp"
+#include "host/kernel_table.hpp"
+#include "host/kernels.hpp"
+
+namespace zenflow {
+inline constexpr int version_major = 0;
+inline constexpr int version_minor = 1;
+inline constexpr int version_patch = 0;
+}  // namespace zenflow

@@ -1,0 +1,81 @@
+// acc += grad * factor on every tier, against a double reference.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <zenflow/host/kernels.hpp>
+
+#include "reference/reference.hpp"
+#include "support.hpp"
+
+using namespace zenflow;
+using namespace zenflow::host;
+
+namespace {
+template <class G>
+void run_case(std::size_t n, std::size_t offset, float factor, unsigned threads, std::uint64_t seed) {
+  zf_test::rng r(seed);
+  std::vector<float> acc0(n);
+  zf_test::offset_buffer<G> grad(n, offset);
+  std::vector<double> gval(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    acc0[i] = r.spread(-10, 10);
+    grad[i] = from_float<G>(r.spread(-10, 10));
+    gval[i] = double(to_float(grad[i]));
+  }
+  tbb::task_arena arena{int(threads)};
+  std::vector<std::uint32_t> first;
+  for (isa t : zf_test::available_tiers()) {
+    CAPTURE(name_of(t));
+    zf_test::offset_buffer<float> acc(n, offset);
+    std::copy(acc0.begin(), acc0.end(), acc.data());
+    accumulate(arena, {acc.data(), &grad[0], dtype_of_v<G>, factor}, n, t);
+    std::vector<std::uint32_t> got;
+    for (std::size_t i = 0; i < n; ++i) {
+      // (Exponents within 2^-10..2^10: the double sum below is exact.)
+      // Two correctly rounded operations (product, then sum): the result is within half an ulp
+      // of the sum of the rounded product, which is within half an ulp of the exact product.
+      // So |err| <= 0.5 ulp(|result|) + 0.5 ulp(|g*factor|) <= 2^-24 (|result| + |g*factor|)
+      // (+ a subnormal quantum). With factor == 1 the product is exact and the sum correctly
+      // rounded: the result must equal the double sum rounded once to float.
+      const double prod = gval[i] * double(factor);
+      const double exact = double(acc0[i]) + prod;
+      if (factor == 1.0f) {
+        REQUIRE(acc[i] == float(exact));
+      } else {
+        const double tol = std::ldexp(std::fabs(exact) + std::fabs(prod), -24) + 1e-45;
+        REQUIRE(std::fabs(double(acc[i]) - exact) <= tol);
+      }
+      got.push_back(zf_test::bits(acc[i]));
+    }
+    if (first.empty()) first = got;
+    else REQUIRE(got == first);  // every tier gives the same bits
+  }
+}
+}  // namespace
+
+TEST_CASE("accumulate: all gradient dtypes, shapes, alignments, factors, threads") {
+  std::uint64_t seed = 11;
+  for (std::size_t n : {0u, 1u, 3u, 15u, 16u, 17u, 33u, 1000u, 40000u, 100003u})
+    for (std::size_t off : {0u, 1u, 5u})
+      for (float factor : {1.0f, 0.125f, 0.37f, -3.0f})
+        for (unsigned threads : {1u, 2u}) {
+          CAPTURE(n); CAPTURE(off); CAPTURE(factor); CAPTURE(threads);
+          run_case<float>(n, off, factor, threads, seed++);
+          run_case<bfloat16>(n, off, factor, threads, seed++);
+          run_case<float16>(n, off, factor, threads, seed++);
+        }
+}
+
+TEST_CASE("accumulate rejects bad arguments before writing") {
+  tbb::task_arena arena(1);
+  std::vector<float> acc(8, 1.0f), g(8, 1.0f);
+  CHECK_THROWS_WITH_AS(accumulate(arena, {acc.data(), g.data(), dtype::f32, NAN}, 8),
+                       "zenflow: factor must be finite", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(accumulate(arena, {acc.data(), acc.data() + 2, dtype::f32, 1.0f}, 4),
+                       "zenflow: acc and grad overlap", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(accumulate(arena, {acc.data(), nullptr, dtype::bf16, 1.0f}, 4),
+                       "zenflow: grad is null", std::invalid_argument);
+  for (float a : acc) CHECK(a == 1.0f);
+}

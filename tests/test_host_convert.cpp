@@ -1,0 +1,104 @@
+// Vectorised dtype conversion, every available ISA tier and several thread counts, against the
+// definition-based references: exact equality (rounding is a function, nothing to tolerate).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <zenflow/host/kernels.hpp>
+
+#include "reference/reference.hpp"
+#include "support.hpp"
+
+using namespace zenflow;
+using namespace zenflow::host;
+
+namespace {
+std::vector<float> awkward_floats() {
+  zf_test::rng r(7);
+  std::vector<float> xs;
+  for (std::uint32_t e = 0; e < 256; ++e)
+    for (int k = 0; k < 300; ++k) {
+      std::uint32_t mant = r.u32() & 0x7fffffu;
+      if (k % 3 == 1) mant = (mant & ~0xffffu) | 0x8000u;  // bf16 tie
+      if (k % 3 == 2) mant = (mant & ~0x1fffu) | 0x1000u;  // f16 tie
+      xs.push_back(zf_ref::from_bits((r.u32() & 0x80000000u) | (e << 23) | mant));
+    }
+  for (float x : {0.0f, -0.0f, 65520.0f, 65519.996f, 2.9802322e-8f, 1e-40f})
+    xs.push_back(x);
+  xs.push_back(zf_ref::from_bits(0x7f800001u));  // signalling NaN
+  xs.push_back(zf_ref::from_bits(0xffc00000u));
+  return xs;  // length not a multiple of any vector width: exercises the tail
+}
+}  // namespace
+
+TEST_CASE("float -> bf16/f16 on every tier equals the reference rounding") {
+  const auto xs = awkward_floats();
+  const std::size_t n = xs.size();
+  for (unsigned threads : {1u, 2u, 3u}) {
+    tbb::task_arena arena{int(threads)};
+    for (isa t : zf_test::available_tiers()) {
+      CAPTURE(name_of(t));
+      CAPTURE(threads);
+      std::vector<std::uint16_t> b(n), h(n);
+      convert(arena, {xs.data(), dtype::f32, b.data(), dtype::bf16}, n, t);
+      convert(arena, {xs.data(), dtype::f32, h.data(), dtype::f16}, n, t);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float x = xs[i];
+        const std::uint32_t u = zf_ref::bits(x);
+        if (std::isnan(x)) {
+          REQUIRE(b[i] == std::uint16_t((u >> 16) | 0x40));
+          REQUIRE(h[i] == std::uint16_t(((u >> 16) & 0x8000) | 0x7e00 | ((u >> 13) & 0x3ff)));
+        } else {
+          CAPTURE(x);
+          REQUIRE(b[i] == zf_ref::bf16_round(x));
+          REQUIRE(h[i] == zf_ref::f16_round(x));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16/f16 -> float on every tier decodes all 65536 patterns exactly") {
+  std::vector<std::uint16_t> all(65536 + 3);  // + 3: a ragged tail
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = std::uint16_t(i);
+  tbb::task_arena arena(2);
+  std::vector<std::uint32_t> first_f16;
+  for (isa t : zf_test::available_tiers()) {
+    CAPTURE(name_of(t));
+    std::vector<float> fb(all.size()), fh(all.size());
+    convert(arena, {all.data(), dtype::bf16, fb.data(), dtype::f32}, all.size(), t);
+    convert(arena, {all.data(), dtype::f16, fh.data(), dtype::f32}, all.size(), t);
+    std::vector<std::uint32_t> hbits;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      REQUIRE(zf_ref::bits(fb[i]) == std::uint32_t(all[i]) << 16);  // bf16 is the top half
+      const double ref = zf_ref::f16_value(all[i]);
+      if (std::isnan(ref)) {
+        REQUIRE(std::isnan(fh[i]));
+        REQUIRE((zf_ref::bits(fh[i]) & 0x00400000u) != 0);  // quiet
+      } else {
+        REQUIRE(double(fh[i]) == ref);
+        REQUIRE(std::signbit(fh[i]) == bool(all[i] & 0x8000));
+      }
+      hbits.push_back(zf_ref::bits(fh[i]));
+    }
+    // NaN payloads too: every tier (F16C or software) gives the same bits.
+    if (first_f16.empty()) first_f16 = hbits;
+    else REQUIRE(hbits == first_f16);
+  }
+}
+
+TEST_CASE("convert rejects bad arguments and leaves the destination alone") {
+  tbb::task_arena arena(1);
+  std::vector<float> src(16, 1.0f);
+  std::vector<std::uint16_t> dst(16, 7);
+  CHECK_THROWS_WITH_AS(convert(arena, {nullptr, dtype::f32, dst.data(), dtype::bf16}, 16),
+                       "zenflow: src is null", std::invalid_argument);
+  auto* odd = reinterpret_cast<std::uint16_t*>(reinterpret_cast<char*>(dst.data()) + 1);
+  CHECK_THROWS_WITH_AS(convert(arena, {src.data(), dtype::f32, odd, dtype::bf16}, 8),
+                       "zenflow: dst is not aligned to its element size (2 bytes)", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(convert(arena, {src.data(), dtype::f32, src.data() + 4, dtype::f32}, 8),
+                       "zenflow: src and dst overlap", std::invalid_argument);
+  for (auto v : dst) CHECK(v == 7);
+  convert(arena, {nullptr, dtype::f32, nullptr, dtype::bf16}, 0);  // empty: a no-op, not an error
+}

@@ -1,0 +1,98 @@
+// Scalar bfloat16/float16 conversions (numeric.hpp) against the definition-based references.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <zenflow/numeric.hpp>
+
+#include "reference/reference.hpp"
+#include "support.hpp"
+
+using namespace zenflow;
+
+namespace {
+// Finite floats: the result must be the reference rounding exactly (rounding is a function).
+// NaN: a quiet NaN of the same sign with the top payload bits kept (the documented rule).
+void check_bf16(float x) {
+  const std::uint16_t got = to_bfloat16(x).bits;
+  const std::uint32_t u = zf_ref::bits(x);
+  if (std::isnan(x)) {
+    REQUIRE(got == std::uint16_t((u >> 16) | 0x40));
+  } else {
+    INFO("x = ", x, " bits ", u);
+    REQUIRE(got == zf_ref::bf16_round(x));
+  }
+}
+void check_f16(float x) {
+  const std::uint16_t got = to_float16(x).bits;
+  const std::uint32_t u = zf_ref::bits(x);
+  if (std::isnan(x)) {
+    REQUIRE(got == std::uint16_t(((u >> 16) & 0x8000) | 0x7e00 | ((u >> 13) & 0x3ff)));
+  } else {
+    INFO("x = ", x, " bits ", u);
+    REQUIRE(got == zf_ref::f16_round(x));
+  }
+}
+}  // namespace
+
+TEST_CASE("bfloat16 and float16 decode every bit pattern exactly") {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const double rb = zf_ref::bf16_value(std::uint16_t(h));
+    const float b = to_float(bfloat16{std::uint16_t(h)});
+    if (std::isnan(rb)) REQUIRE(std::isnan(b));
+    else REQUIRE(double(b) == rb);
+    const double rf = zf_ref::f16_value(std::uint16_t(h));
+    const float f = to_float(float16{std::uint16_t(h)});
+    if (std::isnan(rf)) {
+      REQUIRE(std::isnan(f));
+      REQUIRE(std::signbit(f) == bool(h & 0x8000));
+    } else {
+      REQUIRE(double(f) == rf);
+      REQUIRE(std::signbit(f) == bool(h & 0x8000));  // -0 stays -0
+    }
+  }
+}
+
+TEST_CASE("narrowing rounds to nearest even: edge cases") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float cases[] = {0.0f, -0.0f, 1.0f, -1.0f, inf, -inf,
+                         std::numeric_limits<float>::quiet_NaN(),
+                         -std::numeric_limits<float>::quiet_NaN(),
+                         zf_ref::from_bits(0x7f800001u),  // signalling NaN
+                         zf_ref::from_bits(0xffc12345u),
+                         std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
+                         std::numeric_limits<float>::denorm_min(), 1e-40f, -1e-40f,
+                         65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e5f,     // f16 overflow edge
+                         5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f,       // f16 subnormal edge
+                         6.1035156e-5f, 6.1035152e-5f,                      // f16 min normal edge
+                         zf_ref::from_bits(0x3f808000u), zf_ref::from_bits(0x3f818000u),  // bf16 ties
+                         zf_ref::from_bits(0x3f808001u), zf_ref::from_bits(0x7f7f8000u),  // tie -> inf
+                         1.0009765625f + 0.00048828125f, 1.0f + 0.00048828125f};          // f16 ties
+  for (float x : cases) {
+    check_bf16(x);
+    check_f16(x);
+  }
+}
+
+TEST_CASE("narrowing matches the reference over every exponent and random mantissas") {
+  zf_test::rng r(1);
+  for (std::uint32_t e = 0; e < 256; ++e)
+    for (int k = 0; k < 600; ++k) {
+      std::uint32_t mant = r.u32() & 0x7fffffu;
+      if (k % 4 == 1) mant = (mant & ~0xffffu) | 0x8000u;  // exact bf16 tie
+      if (k % 4 == 2) mant = (mant & ~0x1fffu) | 0x1000u;  // exact f16 tie (normal range)
+      const float x = zf_ref::from_bits((r.u32() & 0x80000000u) | (e << 23) | mant);
+      check_bf16(x);
+      check_f16(x);
+    }
+}
+
+TEST_CASE("round trips: 16-bit values survive float and back") {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const float b = to_float(bfloat16{std::uint16_t(h)});
+    if (!std::isnan(b)) REQUIRE(to_bfloat16(b).bits == h);
+    const float f = to_float(float16{std::uint16_t(h)});
+    if (!std::isnan(f)) REQUIRE(to_float16(f).bits == h);
+  }
+}
