@@ -5,6 +5,7 @@
 #include "numeric.hpp"
 #include "host/isa.hpp"
 #include "host/kernel_table.hpp"
+#include "host/buffer.hpp"
 #include "host/kernels.hpp"
 
 namespace zenflow {

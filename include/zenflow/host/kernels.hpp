@@ -31,13 +31,13 @@
 
 namespace zenflow::host {
 
-namespace detail {
-
 // Elements per scheduling block: a multiple of every vector width and of a 64-byte cache line,
 // so threads never share a written line. Below serial_below elements one thread is faster.
 inline constexpr std::size_t block_elems = 4096;
 inline constexpr std::size_t serial_below = std::size_t(1) << 15;
 
+// Runs f(begin, end) over [0, n) split into contiguous per-thread ranges (what every kernel
+// here uses; also how to first-touch buffers so their pages sit near the threads using them).
 template <class F>
 void parallel_blocks(tbb::task_arena& arena, std::size_t n, const F& f) {
   if (n == 0) return;
@@ -54,6 +54,8 @@ void parallel_blocks(tbb::task_arena& arena, std::size_t n, const F& f) {
         tbb::static_partitioner{});
   });
 }
+
+namespace detail {
 
 [[noreturn]] inline void fail(const std::string& what) {
   throw std::invalid_argument("zenflow: " + what);

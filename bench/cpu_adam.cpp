@@ -1,0 +1,173 @@
+// bench/cpu_adam: host kernels against a measured memory roofline, side by side in one run.
+//
+// For each kernel, size and thread count it times the kernel and its memory-only twin (the
+// same loads and stores, no arithmetic: kernel_table::*_traffic) alternately on equal-sized
+// buffers, and prints one JSON object per line with the medians and ratio = gbps / roofline.
+//
+//   cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512|avx2|sse2|scalar]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/global_control.h>
+
+#include <zenflow/zenflow.hpp>
+
+using namespace zenflow;
+using namespace zenflow::host;
+
+namespace {
+
+std::vector<std::size_t> parse_list(const std::string& s) {
+  std::vector<std::size_t> out;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    std::size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    std::size_t mult = 1;
+    if (!item.empty() && (item.back() == 'M' || item.back() == 'K')) {
+      mult = item.back() == 'M' ? (1u << 20) : (1u << 10);
+      item.pop_back();
+    }
+    std::size_t idx = 0;
+    const unsigned long long v = std::stoull(item, &idx);
+    if (idx != item.size() || v == 0) throw std::invalid_argument("bad list item '" + s.substr(pos, end - pos) + "'");
+    out.push_back(std::size_t(v) * mult);
+    pos = end + 1;
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One set of buffers for the kernel or its roofline twin, first touched by the threads that
+// will use it, with the same static split as the kernels.
+struct state {
+  host_array<float> p, m, v, g32, acc;
+  host_array<bfloat16> g16, copy;
+  state(tbb::task_arena& arena, std::size_t n)
+      : p(n), m(n), v(n), g32(n), acc(n), g16(n), copy(n) {
+    std::mt19937 gen(42);
+    std::normal_distribution<float> d(0.0f, 1e-3f);
+    std::vector<float> sample(4096);
+    for (auto& x : sample) x = d(gen);
+    parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        p[i] = 1.0f;
+        g32[i] = sample[i % sample.size()];
+        g16[i] = to_bfloat16(g32[i]);
+      }
+    });
+  }
+};
+
+struct kernel_case {
+  const char* name;
+  double bytes_per_elem;
+  void (*run)(tbb::task_arena&, state&, std::size_t n, const kernel_table&, bool traffic);
+};
+
+void run_adamw(tbb::task_arena& arena, state& s, std::size_t n, const kernel_table& k, bool traffic,
+               bool copy) {
+  adamw_job j;
+  j.param = s.p.data(); j.exp_avg = s.m.data(); j.exp_avg_sq = s.v.data();
+  j.grad = s.g32.data(); j.grad_type = dtype::f32;
+  if (copy) { j.param_copy = s.copy.data(); j.copy_type = dtype::bf16; }
+  j.rows = n;
+  static std::uint32_t count = 0;
+  j.counts = &count;
+  auto fn = traffic ? k.adamw_traffic : k.adamw;
+  parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { fn(j, b, e); });
+}
+
+void run_accumulate(tbb::task_arena& arena, state& s, std::size_t n, const kernel_table& k, bool traffic,
+                    bool bf16) {
+  accumulate_job j{s.acc.data(), bf16 ? static_cast<const void*>(s.g16.data()) : s.g32.data(),
+                   bf16 ? dtype::bf16 : dtype::f32, 1.0f};
+  auto fn = traffic ? k.accumulate_traffic : k.accumulate;
+  parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { fn(j, b, e); });
+}
+
+const kernel_case cases[] = {
+    // AdamW fp32: reads p, g, m, v (16 B), writes p, m, v (12 B)
+    {"adamw_f32", 28, [](auto& a, auto& s, auto n, auto& k, bool t) { run_adamw(a, s, n, k, t, false); }},
+    // + the bf16 copy of the new params (2 B written)
+    {"adamw_f32_bf16out", 30, [](auto& a, auto& s, auto n, auto& k, bool t) { run_adamw(a, s, n, k, t, true); }},
+    // acc += g: reads acc (4 B) and a bf16 or fp32 gradient, writes acc (4 B)
+    {"accumulate_bf16", 10, [](auto& a, auto& s, auto n, auto& k, bool t) { run_accumulate(a, s, n, k, t, true); }},
+    {"accumulate_f32", 12, [](auto& a, auto& s, auto n, auto& k, bool t) { run_accumulate(a, s, n, k, t, false); }},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<std::size_t> sizes = {1u << 20, 16u << 20, 128u << 20};
+  std::vector<std::size_t> threads = {1, 2};
+  int reps = 9;
+  isa tier = best_isa();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--sizes") sizes = parse_list(value());
+    else if (a == "--threads") threads = parse_list(value());
+    else if (a == "--reps") reps = std::max(1, std::atoi(value().c_str()));
+    else if (a == "--isa") {
+      const std::string t = value();
+      if (t == "avx512") tier = isa::avx512;
+      else if (t == "avx2") tier = isa::avx2;
+      else if (t == "sse2") tier = isa::sse2;
+      else if (t == "scalar") tier = isa::scalar;
+      else throw std::invalid_argument("unknown --isa " + t);
+    } else if (a == "--help" || a == "-h") {
+      std::puts("cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512|avx2|sse2|scalar]");
+      return 0;
+    } else {
+      throw std::invalid_argument("unknown argument " + a + " (try --help)");
+    }
+  }
+  const kernel_table& k = kernels(tier);
+  const std::size_t max_threads = *std::max_element(threads.begin(), threads.end());
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism, max_threads);
+
+  for (std::size_t n : sizes)
+    for (std::size_t t : threads) {
+      tbb::task_arena arena{int(t)};
+      state work(arena, n), roof(arena, n);
+      for (const kernel_case& c : cases) {
+        std::vector<double> tk, tr;
+        for (int r = -1; r < reps; ++r) {  // r = -1: warm-up, not recorded
+          for (int which = 0; which < 2; ++which) {  // alternate kernel and roofline
+            const bool traffic = (which == 1) ^ (r % 2 != 0);
+            state& s = traffic ? roof : work;
+            const auto t0 = std::chrono::steady_clock::now();
+            c.run(arena, s, n, k, traffic);
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (r >= 0) (traffic ? tr : tk).push_back(dt);
+          }
+        }
+        const double sk = median(tk), sr = median(tr);
+        const double gb = c.bytes_per_elem * double(n) / 1e9;
+        std::printf(
+            "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
+            "\"roofline_gbps\":%.4g,\"ratio\":%.4f,\"isa\":\"%s\",\"reps\":%d}\n",
+            c.name, n, t, sk, gb / sk, gb / sr, sr / sk, std::string(name_of(tier)).c_str(), reps);
+        std::fflush(stdout);
+      }
+    }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "cpu_adam: %s\n", e.what());
+  return 2;
+}
