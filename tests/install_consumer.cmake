@@ -1,6 +1,7 @@
 # ctest driver: install the build tree to a scratch prefix, then configure, build and run a
-# separate consumer project against it (find_package(zenflow CONFIG REQUIRED)), and check that
-# asking for an incompatible version is refused.
+# separate consumer project against it (find_package(zenflow CONFIG REQUIRED)), check that
+# asking for an incompatible version is refused, and build the consumer once more with zenflow
+# as a subproject.
 foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "install_consumer.cmake: ${v} not set")
@@ -31,3 +32,10 @@ if(rc EQUAL 0 OR NOT err MATCHES "compatible with requested version")
   message(FATAL_ERROR "asking for zenflow 1.0 should be refused:\n${out}\n${err}")
 endif()
 message(STATUS "version 1.0 correctly refused")
+
+# The same consumer with zenflow as a subproject (add_subdirectory / FetchContent style).
+run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir" -G "${GENERATOR}"
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DZF_SOURCE_DIR=${SOURCE_DIR} -DZENFLOW_ENABLE_CUDA=OFF
+    -DCMAKE_BUILD_TYPE=Release)
+run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build-subdir")
+run("${WORK_DIR}/build-subdir/consumer")
