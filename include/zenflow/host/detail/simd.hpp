@@ -37,6 +37,9 @@ ZF_FORCEINLINE xsimd::batch<To, A> bit_cast(const xsimd::batch<From, A>& x) noex
 #endif
 }
 
+// Destination of a store that is not wanted (an AdamW job without a param copy).
+struct discard {};
+
 // ---- the scalar tier: one element at a time, the reference every SIMD tier must match -------
 struct scalar_ops {
   using F = float;
@@ -48,6 +51,7 @@ struct scalar_ops {
   static ZF_FORCEINLINE void store(float* p, F x) noexcept { *p = x; }
   static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept { *p = to_bfloat16(x); }
   static ZF_FORCEINLINE void store(float16* p, F x) noexcept { *p = to_float16(x); }
+  static ZF_FORCEINLINE void store(discard*, F) noexcept {}
   static ZF_FORCEINLINE F bit_xor(F a, F b) noexcept {
     return zenflow::detail::float_of(zenflow::detail::bits_of(a) ^ zenflow::detail::bits_of(b));
   }
@@ -65,6 +69,7 @@ struct simd_common {
   static ZF_FORCEINLINE F broadcast(float x) noexcept { return F(x); }
   static ZF_FORCEINLINE F load(const float* p) noexcept { return F::load_unaligned(p); }
   static ZF_FORCEINLINE void store(float* p, F x) noexcept { x.store_unaligned(p); }
+  static ZF_FORCEINLINE void store(discard*, F) noexcept {}
   static ZF_FORCEINLINE F bit_xor(F a, F b) noexcept { return a ^ b; }
 
   // fp32 -> bf16 bits in the low half of each 32-bit lane (round to nearest even, quiet NaN).
