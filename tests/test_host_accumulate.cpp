@@ -1,6 +1,7 @@
 // acc += grad * factor on every tier, against a double reference.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -78,4 +79,39 @@ TEST_CASE("accumulate rejects bad arguments before writing") {
   CHECK_THROWS_WITH_AS(accumulate(arena, {acc.data(), nullptr, dtype::bf16, 1.0f}, 4),
                        "zenflow: grad is null", std::invalid_argument);
   for (float a : acc) CHECK(a == 1.0f);
+}
+
+TEST_CASE("accumulate: a compact gradient of listed columns lands in those columns") {
+  const std::size_t rows = 45, cols = 30;
+  const std::vector<std::uint32_t> list = {29, 2, 7, 8, 0};
+  zf_test::rng r(5);
+  std::vector<float> acc0(rows * cols);
+  for (auto& a : acc0) a = r.spread(-6, 3);
+  std::vector<bfloat16> grad(rows * list.size());
+  for (auto& g : grad) g = to_bfloat16(r.spread(-6, 3));
+  tbb::task_arena arena{2};
+  for (isa t : zf_test::available_tiers()) {
+    CAPTURE(name_of(t));
+    auto acc = acc0;
+    accumulate_job j{acc.data(), grad.data(), dtype::bf16, 0.5f, rows, list.data()};
+    accumulate(arena, j, grad.size(), t, cols);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const auto it = std::find(list.begin(), list.end(), c);
+      for (std::size_t i = 0; i < rows; ++i) {
+        const float before = acc0[c * rows + i];
+        if (it == list.end()) {
+          REQUIRE(zf_test::bits(acc[c * rows + i]) == zf_test::bits(before));
+        } else {
+          // factor 0.5 is exact, so one rounding: the double sum rounded once
+          const double g = double(to_float(grad[std::size_t(it - list.begin()) * rows + i]));
+          REQUIRE(acc[c * rows + i] == float(double(before) + 0.5 * g));
+        }
+      }
+    }
+  }
+  auto acc = acc0;
+  accumulate_job bad{acc.data(), grad.data(), dtype::bf16, 1.0f, rows, list.data()};
+  CHECK_THROWS_WITH_AS(accumulate(arena, bad, grad.size(), best_isa(), 29),
+                       "zenflow: column index out of range", std::invalid_argument);
+  CHECK(acc == acc0);
 }

@@ -3,6 +3,7 @@
 // thread counts.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -262,4 +263,65 @@ TEST_CASE("adamw: an empty block is a no-op that keeps its counts") {
   adamw(arena, j, 3, counts);
   CHECK(counts[0] == 1);
   CHECK(counts[2] == 3);
+}
+
+TEST_CASE("adamw: a column list updates exactly those columns, as a full update would") {
+  const std::size_t rows = 37, cols = 50;
+  zf_test::rng r(77);
+  std::vector<float> p0(rows * cols), m0(rows * cols), v0(rows * cols), g(rows * cols);
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    p0[i] = r.spread(-4, 1);
+    m0[i] = r.spread(-10, -3);
+    v0[i] = std::fabs(r.spread(-20, -6));
+    g[i] = r.spread(-8, -1);
+  }
+  std::vector<std::uint32_t> counts0(cols);
+  for (auto& c : counts0) c = std::uint32_t(r.below(20));
+  const std::vector<std::uint32_t> list = {0, 3, 4, 17, 49, 20};  // any order
+  for (isa t : zf_test::available_tiers()) {
+    CAPTURE(name_of(t));
+    tbb::task_arena arena{2};
+    // full update of every column: the expected values of the listed ones
+    auto pf = p0, mf = m0, vf = v0;
+    auto cf = counts0;
+    std::vector<bfloat16> copy_full(rows * cols);
+    adamw_job jf;
+    jf.param = pf.data(); jf.exp_avg = mf.data(); jf.exp_avg_sq = vf.data(); jf.grad = g.data();
+    jf.param_copy = copy_full.data(); jf.copy_type = dtype::bf16;
+    jf.rows = rows;
+    adamw(arena, jf, cols, cf.data(), t);
+    // listed columns only
+    auto pl = p0, ml = m0, vl = v0;
+    auto cl = counts0;
+    std::vector<bfloat16> copy_list(rows * cols, bfloat16{0x7fff});
+    adamw_job jl = jf;
+    jl.param = pl.data(); jl.exp_avg = ml.data(); jl.exp_avg_sq = vl.data();
+    jl.param_copy = copy_list.data();
+    jl.columns = list.data();
+    adamw(arena, jl, cols, cl.data(), t, list.size());
+    for (std::size_t c = 0; c < cols; ++c) {
+      const bool listed = std::find(list.begin(), list.end(), c) != list.end();
+      CHECK(cl[c] == (listed ? counts0[c] + 1 : counts0[c]));
+      for (std::size_t i = c * rows; i < (c + 1) * rows; ++i) {
+        REQUIRE(zf_test::bits(pl[i]) == zf_test::bits(listed ? pf[i] : p0[i]));
+        REQUIRE(zf_test::bits(ml[i]) == zf_test::bits(listed ? mf[i] : m0[i]));
+        REQUIRE(zf_test::bits(vl[i]) == zf_test::bits(listed ? vf[i] : v0[i]));
+        REQUIRE(copy_list[i].bits == (listed ? copy_full[i].bits : 0x7fff));
+      }
+    }
+  }
+  tbb::task_arena arena{1};
+  std::vector<std::uint32_t> bad = {1, 50};
+  adamw_job jb;
+  auto pb = p0, mb = m0, vb = v0;
+  auto cb = counts0;
+  jb.param = pb.data(); jb.exp_avg = mb.data(); jb.exp_avg_sq = vb.data(); jb.grad = g.data();
+  jb.rows = rows;
+  jb.columns = bad.data();
+  CHECK_THROWS_WITH_AS(adamw(arena, jb, cols, cb.data(), best_isa(), bad.size()),
+                       "zenflow: column index out of range", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adamw(arena, jb, cols, cb.data()),
+                       "zenflow: ncols must be given and <= cols with a column list", std::invalid_argument);
+  CHECK(pb == p0);
+  CHECK(cb == counts0);
 }

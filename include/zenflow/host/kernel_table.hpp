@@ -14,6 +14,8 @@ namespace zenflow::host {
 
 // AdamW over a column-contiguous block: element i belongs to column i / rows, whose Adam count
 // before this update is counts[i / rows]. A flat buffer is one column of rows = n.
+// With a column list, logical column c is the block's column columns[c] (every array, counts
+// included, is indexed physically), so a call can update any subset of a matrix's columns.
 struct adamw_job {
   float* param = nullptr;        // fp32 master, updated in place
   float* exp_avg = nullptr;      // m, in place
@@ -24,17 +26,21 @@ struct adamw_job {
   dtype copy_type = dtype::bf16;
   std::size_t rows = 0;
   const std::uint32_t* counts = nullptr;
+  const std::uint32_t* columns = nullptr;  // optional column list
   adamw_hyper hyper{};
   float grad_mul = 1.0f;         // g = grad * grad_mul ...
   float grad_div = 1.0f;         // ... / grad_div (1 = no division)
 };
 
-// acc += grad * factor, acc fp32.
+// acc += grad * factor, acc fp32. With a column list, the gradient is compact (logical column c
+// at c * rows) and lands in column columns[c] of acc (a column-contiguous block of `rows`).
 struct accumulate_job {
   float* acc = nullptr;
   const void* grad = nullptr;
   dtype grad_type = dtype::f32;
   float factor = 1.0f;
+  std::size_t rows = 0;                    // with columns only
+  const std::uint32_t* columns = nullptr;  // optional column list
 };
 
 // dst = src, converted (round to nearest even when narrowing).

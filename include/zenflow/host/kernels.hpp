@@ -148,11 +148,16 @@ inline const kernel_table& kernels(isa t) {
 
 // One AdamW step over a column-contiguous [cols][rows] block (a flat buffer: rows = n, cols = 1).
 // Column c uses Adam count counts[c] + 1 for its bias correction, and counts[c] is incremented.
-// Bad arguments throw std::invalid_argument before anything is written. Empty blocks do nothing.
+// With job.columns (a list of `ncols` distinct column indices < cols), only those columns are
+// updated; otherwise ncols = cols. Bad arguments throw std::invalid_argument before anything is
+// written. Empty blocks do nothing.
 inline void adamw(tbb::task_arena& arena, const adamw_job& job, std::size_t cols,
-                  std::uint32_t* counts, isa tier = best_isa()) {
+                  std::uint32_t* counts, isa tier = best_isa(), std::size_t ncols = ~std::size_t(0)) {
   using namespace detail;
-  const std::size_t n = checked_elems(job.rows, cols);
+  if (!job.columns) ncols = cols;
+  else if (ncols > cols) fail("ncols must be given and <= cols with a column list");
+  const std::size_t total = checked_elems(job.rows, cols);
+  const std::size_t n = job.rows * ncols;
   if (n == 0) return;
   const kernel_table& k = kernels(tier);
   check_hyper(job.hyper);
@@ -168,32 +173,43 @@ inline void adamw(tbb::task_arena& arena, const adamw_job& job, std::size_t cols
     check_buffer(job.param_copy, job.copy_type, "param_copy");
   }
   if (!counts) fail("counts is null");
-  check_disjoint({{job.param, 4 * n, "param", true},
-                  {job.exp_avg, 4 * n, "exp_avg", true},
-                  {job.exp_avg_sq, 4 * n, "exp_avg_sq", true},
-                  {job.grad, size_of(job.grad_type) * n, "grad", false},
-                  {job.param_copy, size_of(job.copy_type) * n, "param_copy", true},
+  check_disjoint({{job.param, 4 * total, "param", true},
+                  {job.exp_avg, 4 * total, "exp_avg", true},
+                  {job.exp_avg_sq, 4 * total, "exp_avg_sq", true},
+                  {job.grad, size_of(job.grad_type) * total, "grad", false},
+                  {job.param_copy, size_of(job.copy_type) * total, "param_copy", true},
                   {counts, 4 * cols, "counts", true}});
-  for (std::size_t c = 0; c < cols; ++c)
-    if (counts[c] == std::numeric_limits<std::uint32_t>::max()) fail("an Adam step count would overflow");
+  auto column = [&](std::size_t c) -> std::size_t { return job.columns ? job.columns[c] : c; };
+  for (std::size_t c = 0; c < ncols; ++c) {
+    if (column(c) >= cols) fail("column index out of range");
+    if (counts[column(c)] == std::numeric_limits<std::uint32_t>::max()) fail("an Adam step count would overflow");
+  }
   adamw_job j = job;
   j.counts = counts;
   parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.adamw(j, b, e); });
-  for (std::size_t c = 0; c < cols; ++c) ++counts[c];
+  for (std::size_t c = 0; c < ncols; ++c) ++counts[column(c)];
 }
 
-// acc[i] += grad[i] * factor, for i < n.
+// acc[i] += grad[i] * factor, for i < n. With job.columns: n = rows * (number of listed
+// columns), grad holds those columns one after another, and acc is a [cols][rows] block (cols
+// given, every listed index < cols).
 inline void accumulate(tbb::task_arena& arena, const accumulate_job& job, std::size_t n,
-                       isa tier = best_isa()) {
+                       isa tier = best_isa(), std::size_t cols = 0) {
   using namespace detail;
   if (n == 0) return;
+  if (job.columns) {
+    if (job.rows == 0 || n % job.rows != 0) fail("n must be a multiple of rows with a column list");
+    for (std::size_t c = 0; c < n / job.rows; ++c)
+      if (job.columns[c] >= cols) fail("column index out of range");
+  }
   const kernel_table& k = kernels(tier);
   check_dtype(job.grad_type, "grad");
   if (!finite(job.factor)) fail("factor must be finite");
   check_buffer(job.acc, dtype::f32, "acc");
   check_buffer(job.grad, job.grad_type, "grad");
   checked_elems(n, 1);
-  check_disjoint({{job.acc, 4 * n, "acc", true}, {job.grad, size_of(job.grad_type) * n, "grad", false}});
+  const std::size_t acc_n = job.columns ? checked_elems(job.rows, cols) : n;
+  check_disjoint({{job.acc, 4 * acc_n, "acc", true}, {job.grad, size_of(job.grad_type) * n, "grad", false}});
   parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.accumulate(job, b, e); });
 }
 

@@ -73,13 +73,17 @@ struct tier_kernels {
   template <class G, class C, bool Divide>
   static void adamw_typed(const adamw_job& j, std::size_t begin, std::size_t end) noexcept {
     const F mul = V::broadcast(j.grad_mul), div = V::broadcast(j.grad_div);
+    const G* grad = static_cast<const G*>(j.grad);
+    C* copy = static_cast<C*>(j.param_copy);
     std::size_t col = begin / j.rows;
     std::uint32_t cached = 0;
     adamw_terms<F> t{};
     bool have = false;
     while (begin < end) {
       const std::size_t stop = std::min(end, (col + 1) * j.rows);
-      const std::uint32_t n = j.counts[col] + 1u;
+      const std::size_t phys_col = j.columns ? j.columns[col] : col;
+      const std::size_t at = phys_col * j.rows + (begin - col * j.rows);  // physical element
+      const std::uint32_t n = j.counts[phys_col] + 1u;
       if (!have || n != cached) {  // columns usually share a count: reuse the scalars
         const adamw_coeffs c = make_coeffs(j.hyper, n);
         t = {V::broadcast(c.decay),     V::broadcast(c.l2),        V::broadcast(c.one_minus_b1),
@@ -89,7 +93,7 @@ struct tier_kernels {
         have = true;
       }
       for_each_vector<V>(
-          begin, stop,
+          0, stop - begin,
           [&](float* p, float* m, float* v, const G* g, C* out) {
             F pp = V::load(p), mm = V::load(m), vv = V::load(v);
             adamw_update(pp, mm, vv, scaled_grad(V::load(g), mul, div, Divide), t);
@@ -98,7 +102,7 @@ struct tier_kernels {
             V::store(v, vv);
             V::store(out, pp);
           },
-          j.param, j.exp_avg, j.exp_avg_sq, static_cast<const G*>(j.grad), static_cast<C*>(j.param_copy));
+          j.param + at, j.exp_avg + at, j.exp_avg_sq + at, grad + at, copy ? copy + at : copy);
       begin = stop;
       ++col;
     }
@@ -118,10 +122,17 @@ struct tier_kernels {
     visit(j.grad_type, [&](auto tag) {
       using G = typename decltype(tag)::type;
       const F factor = V::broadcast(j.factor);
-      for_each_vector<V>(
-          b, e,
-          [&](float* acc, const G* g) { V::store(acc, accumulate_scaled(V::load(acc), V::load(g), factor)); },
-          j.acc, static_cast<const G*>(j.grad));
+      const G* grad = static_cast<const G*>(j.grad);
+      auto body = [&](float* acc, const G* g) {
+        V::store(acc, accumulate_scaled(V::load(acc), V::load(g), factor));
+      };
+      if (!j.columns) return for_each_vector<V>(b, e, body, j.acc, grad);
+      for (std::size_t col = b / j.rows; b < e; ++col) {  // compact source, scattered columns
+        const std::size_t stop = std::min(e, (col + 1) * j.rows);
+        float* dst = j.acc + std::size_t(j.columns[col]) * j.rows + (b - col * j.rows);
+        for_each_vector<V>(0, stop - b, body, dst, grad + b);
+        b = stop;
+      }
     });
   }
 
