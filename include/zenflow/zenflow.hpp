@@ -2,11 +2,14 @@
 #pragma once
 
 #include "adamw.hpp"
+#include "config.hpp"
 #include "numeric.hpp"
 #include "host/isa.hpp"
 #include "host/kernel_table.hpp"
 #include "host/buffer.hpp"
 #include "host/kernels.hpp"
+#include "optimizer.hpp"
+#include "params.hpp"
 
 namespace zenflow {
 inline constexpr int version_major = 0;

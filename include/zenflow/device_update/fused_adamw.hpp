@@ -1,0 +1,180 @@
+// GpuUpdater policy: everything that happens where the model trains. Per matrix it keeps the
+// selected columns' fp32 master, moments and counts in compact [k][rows] arrays (two sets, so a
+// reselection builds the new set without allocating); per vector its whole optimizer state.
+// It runs the per-step gradient pass (finite check, sums for clipping, column scores) and the
+// AdamW update of the selected columns and all vectors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../adamw.hpp"
+#include "../host/kernel_table.hpp"
+#include "../params.hpp"
+#include "functors.hpp"
+
+namespace zenflow {
+
+template <class Space>
+class fused_adamw {
+ public:
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
+
+  static constexpr std::size_t vector_chunk = 4096;
+
+  struct matrix_state {
+    matrix_param p;
+    std::size_t k = 0;       // selected columns (fixed by topk_ratio)
+    std::size_t active = 0;  // columns selected now: 0 before the first selection, then k
+    int cur = 0;             // which of the two slot sets is live
+    buffer<std::uint32_t> columns[2];
+    buffer<float> master[2], exp_avg[2], exp_avg_sq[2];
+    buffer<std::uint32_t> counts[2];
+    buffer<double> l1, sumsq;  // per column, of the raw gradient of this step
+    buffer<unsigned char> bad;
+  };
+  struct vector_state {
+    vector_param p;
+    buffer<float> master, exp_avg, exp_avg_sq;
+    std::uint32_t count = 0;
+    buffer<double> sumsq;
+    buffer<unsigned char> bad;
+  };
+  struct grad_summary {
+    bool finite;
+    double sumsq;  // of the raw gradient, all params
+  };
+
+  std::size_t add_matrix(const matrix_param& p, std::size_t k) {
+    auto& s = matrices_.emplace_back();
+    s.p = p;
+    s.k = k;
+    return matrices_.size() - 1;
+  }
+  std::size_t add_vector(const vector_param& p) {
+    vectors_.emplace_back().p = p;
+    return vectors_.size() - 1;
+  }
+
+  void allocate() {
+    for (auto& s : matrices_) {
+      for (int b = 0; b < 2; ++b) {
+        s.columns[b] = buffer<std::uint32_t>(s.k);
+        s.master[b] = buffer<float>(s.k * s.p.rows);
+        s.exp_avg[b] = buffer<float>(s.k * s.p.rows);
+        s.exp_avg_sq[b] = buffer<float>(s.k * s.p.rows);
+        s.counts[b] = buffer<std::uint32_t>(s.k);
+      }
+      s.l1 = buffer<double>(s.p.cols);
+      s.sumsq = buffer<double>(s.p.cols);
+      s.bad = buffer<unsigned char>(s.p.cols);
+    }
+    for (auto& v : vectors_) {
+      v.master = buffer<float>(v.p.n);
+      v.exp_avg = buffer<float>(v.p.n);
+      v.exp_avg_sq = buffer<float>(v.p.n);
+      const std::size_t chunks = (v.p.n + vector_chunk - 1) / vector_chunk;
+      v.sumsq = buffer<double>(chunks);
+      v.bad = buffer<unsigned char>(chunks);
+    }
+  }
+
+  // The vectors' fp32 masters start as their params.
+  void load_vectors(Space& space) {
+    for (auto& v : vectors_)
+      with_type(v.p.param_type, [&](auto ptag) {
+        using P = typename decltype(ptag)::type;
+        const P* src = static_cast<const P*>(v.p.param);
+        float* dst = v.master.data();
+        space.parallel_for(v.p.n, [=](std::size_t i) { dst[i] = to_float(src[i]); });
+      });
+  }
+
+  // One pass over every gradient: per-column L1 and sum of squares, non-finite flags; the totals
+  // are combined in a fixed order, so they do not depend on the thread count.
+  grad_summary gradient_pass(Space& space) {
+    for (auto& s : matrices_)
+      with_type(s.p.grad_type, [&](auto gtag) {
+        using G = typename decltype(gtag)::type;
+        space.parallel_for(s.p.cols, device::column_stats_fn<G>{static_cast<const G*>(s.p.grad), s.p.rows,
+                                                                s.p.cols, s.p.layout, s.l1.data(),
+                                                                s.sumsq.data(), s.bad.data()});
+      });
+    for (auto& v : vectors_)
+      with_type(v.p.grad_type, [&](auto gtag) {
+        using G = typename decltype(gtag)::type;
+        space.parallel_for(v.sumsq.size(), device::chunk_stats_fn<G>{static_cast<const G*>(v.p.grad), v.p.n,
+                                                                     vector_chunk, v.sumsq.data(), v.bad.data()});
+      });
+    grad_summary r{true, 0.0};
+    for (auto& s : matrices_)
+      for (std::size_t c = 0; c < s.p.cols; ++c) {
+        r.finite = r.finite && !s.bad[c];
+        r.sumsq += s.sumsq[c];
+      }
+    for (auto& v : vectors_)
+      for (std::size_t k = 0; k < v.sumsq.size(); ++k) {
+        r.finite = r.finite && !v.bad[k];
+        r.sumsq += v.sumsq[k];
+      }
+    return r;
+  }
+
+  // AdamW of every vector (always) and of the selected columns of every matrix.
+  void update(Space& space, float factor, const adamw_hyper& hyper) {
+    for (auto& s : matrices_) {
+      if (s.active == 0) continue;
+      with_type(s.p.param_type, [&](auto ptag) {
+        with_type(s.p.grad_type, [&](auto gtag) {
+          using P = typename decltype(ptag)::type;
+          using G = typename decltype(gtag)::type;
+          const int b = s.cur;
+          space.parallel_for(s.active, device::column_adamw_fn<P, G>{
+                                           static_cast<P*>(s.p.param), static_cast<const G*>(s.p.grad),
+                                           s.master[b].data(), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
+                                           s.counts[b].data(), s.columns[b].data(), s.p.rows, s.p.cols,
+                                           s.p.layout, factor, hyper});
+        });
+      });
+    }
+    for (auto& v : vectors_) {
+      with_type(v.p.param_type, [&](auto ptag) {
+        with_type(v.p.grad_type, [&](auto gtag) {
+          using P = typename decltype(ptag)::type;
+          using G = typename decltype(gtag)::type;
+          space.parallel_for(v.sumsq.size(), device::vector_adamw_fn<P, G>{
+                                                 static_cast<P*>(v.p.param), static_cast<const G*>(v.p.grad),
+                                                 v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data(), v.p.n,
+                                                 vector_chunk, make_coeffs(hyper, v.count + 1u), factor});
+        });
+      });
+      ++v.count;
+    }
+  }
+
+  matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
+  const matrix_state& matrix(std::size_t i) const noexcept { return matrices_[i]; }
+  vector_state& vector(std::size_t i) noexcept { return vectors_[i]; }
+  const vector_state& vector(std::size_t i) const noexcept { return vectors_[i]; }
+  std::size_t matrices() const noexcept { return matrices_.size(); }
+  std::size_t vectors() const noexcept { return vectors_.size(); }
+
+  // f(type_tag<T>{}) with the element type of a dtype.
+  template <class F>
+  static void with_type(dtype t, F&& f) {
+    switch (t) {
+      case dtype::f32: return f(tag<float>{});
+      case dtype::bf16: return f(tag<bfloat16>{});
+      case dtype::f16: return f(tag<float16>{});
+    }
+  }
+
+ private:
+  template <class T> struct tag { using type = T; };
+  std::vector<matrix_state> matrices_;
+  std::vector<vector_state> vectors_;
+};
+
+}  // namespace zenflow

@@ -1,0 +1,59 @@
+// The policy roles of zenflow::optimizer as C++20 concepts: each is a small type the optimizer
+// only orders calls on (DESIGN.md §4).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "adamw.hpp"
+#include "params.hpp"
+
+namespace zenflow {
+
+template <class T>
+concept selector_policy = requires(const double* scores, std::uint32_t* out) {
+  { T::k(0.1, std::size_t{}) } -> std::convertible_to<std::size_t>;
+  { T::needs_scores } -> std::convertible_to<bool>;
+  T::select(scores, std::size_t{}, std::size_t{}, out);
+};
+
+template <class T>
+concept scheduler_policy = requires(T& s) {
+  s.launch([] {});
+  s.wait();
+  { s.busy() } -> std::convertible_to<bool>;
+  { s.stall_seconds() } -> std::convertible_to<double>;
+};
+
+template <class T>
+concept transport_policy = requires(T& t, const void* src, void* dst, const std::uint32_t* list) {
+  t.columns_to_host(src, dtype::f32, matrix_layout::row_major, std::size_t{}, std::size_t{}, list, std::size_t{}, dst);
+  t.columns_to_device(src, dtype::f32, dst, matrix_layout::row_major, std::size_t{}, std::size_t{}, list, std::size_t{});
+  t.to_host(dst, src, std::size_t{});
+  t.to_device(dst, src, std::size_t{});
+  { t.bytes_to_host() } -> std::convertible_to<std::uint64_t>;
+  { t.bytes_to_device() } -> std::convertible_to<std::uint64_t>;
+};
+
+template <class T>
+concept host_accumulator_policy = requires(T& h, const std::uint32_t* list, const adamw_hyper& hyper) {
+  { h.add_matrix(std::size_t{}, std::size_t{}, dtype::f32) } -> std::convertible_to<std::size_t>;
+  h.allocate();
+  h.accumulate(std::size_t{}, 0, dtype::f32, list, std::size_t{}, 1.0f);
+  h.update(std::size_t{}, 0, list, std::size_t{}, 1.0f, hyper);
+  { h.stage_columns(std::size_t{}) } -> std::convertible_to<std::size_t>;
+  { h.stage() } -> std::convertible_to<void*>;
+};
+
+template <class T, class Space>
+concept gpu_updater_policy = requires(T& u, Space& space, const matrix_param& m, const vector_param& v,
+                                      const adamw_hyper& hyper) {
+  { u.add_matrix(m, std::size_t{}) } -> std::convertible_to<std::size_t>;
+  { u.add_vector(v) } -> std::convertible_to<std::size_t>;
+  u.allocate();
+  u.gradient_pass(space);
+  u.update(space, 1.0f, hyper);
+};
+
+}  // namespace zenflow

@@ -1,0 +1,27 @@
+// Scheduler policy: host work runs inline, on the calling thread, when it is launched.
+#pragma once
+
+#include <chrono>
+#include <utility>
+
+namespace zenflow {
+
+class synchronous {
+ public:
+  static constexpr bool concurrent = false;
+  // Runs job now. The device waits for all of it: that time counts as stall.
+  template <class Job>
+  void launch(Job&& job) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::forward<Job>(job)();
+    stall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void wait() noexcept {}
+  bool busy() const noexcept { return false; }
+  double stall_seconds() const noexcept { return stall_; }
+
+ private:
+  double stall_ = 0;
+};
+
+}  // namespace zenflow

@@ -1,0 +1,29 @@
+// The ZenFlow optimizer on the host space against the independent double-precision model of
+// DESIGN.md §3 (tests/reference/zenflow_reference.hpp): random configurations, shapes, layouts
+// and dtypes, tens of steps, every parameter, master, count, selection and byte count compared
+// after every step.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+#include "optimizer_harness.hpp"
+
+using namespace zenflow;
+using namespace zf_test;
+
+TEST_CASE("zenflow on the host space matches the reference model, step by step") {
+  for (std::uint64_t seed = 1; seed <= 400; ++seed) {
+    CAPTURE(seed);
+    const scenario sc = random_scenario(seed);
+    optimizer<> opt(sc.cfg);
+    run_scenario(sc, opt);
+  }
+}
