@@ -1,0 +1,142 @@
+// Baselines as policy combinations: zero_offload (everything on the host, every step),
+// device_adam (everything on the device) and ZenFlow with topk_ratio = 1 are all plain AdamW.
+// They must agree with each other bit for bit (the same float operations in the same order,
+// on different sides) and with a double-precision AdamW within float tolerance. Also the bytes
+// moved, against the closed form of DESIGN.md §3 item 10.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+#include "optimizer_harness.hpp"
+
+using namespace zenflow;
+using namespace zf_test;
+
+namespace {
+
+struct run_result {
+  std::vector<std::vector<float>> params;  // decoded params of every matrix, after each step
+  optimizer_stats stats;
+};
+
+template <class Opt>
+run_result train(Opt& opt, const scenario& sc) {
+  trainer tr(sc);
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    const auto& m = sc.mats[mi];
+    opt.add_matrix({tr.mp[mi].data(), tr.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+  }
+  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi)
+    opt.add_vector({tr.vp[vi].data(), tr.vgb[vi].data(), sc.vecs[vi].n, sc.vecs[vi].pt, sc.vecs[vi].gt});
+  opt.initialize();
+  run_result out;
+  std::vector<std::vector<double>> gm, gv;
+  for (int s = 0; s < sc.steps; ++s) {
+    const double scale = tr.next(gm, gv);
+    opt.step(float(scale));
+    std::vector<float> flat;
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi)
+      for (std::size_t e = 0; e < sc.mats[mi].rows * sc.mats[mi].cols; ++e)
+        flat.push_back(load_as_float(tr.mp[mi], sc.mats[mi].pt, e));
+    out.params.push_back(std::move(flat));
+  }
+  out.stats = opt.stats();
+  return out;
+}
+
+scenario plain_scenario(std::uint64_t seed, dtype pt, dtype gt) {
+  scenario sc = random_scenario(seed);
+  for (auto& m : sc.mats) { m.pt = pt; m.gt = gt; }
+  sc.nan_rate = 0.1;
+  sc.cfg.max_grad_norm = 1.0;  // clipping on: the same factor must reach both sides
+  return sc;
+}
+
+}  // namespace
+
+TEST_CASE("zero_offload, device_adam and zenflow with topk_ratio 1 are the same AdamW, bit for bit") {
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    CAPTURE(seed);
+    const dtype types[] = {dtype::f32, dtype::bf16, dtype::f16};
+    const scenario sc = plain_scenario(seed, types[seed % 3], types[(seed / 3) % 3]);
+    zero_offload<> zo(sc.cfg);
+    device_adam<> da(sc.cfg);
+    config all = sc.cfg;
+    all.topk_ratio = 1.0;
+    optimizer<> zf(all);
+    const run_result a = train(zo, sc), b = train(da, sc), c = train(zf, sc);
+    for (std::size_t s = 0; s < a.params.size(); ++s) {
+      CAPTURE(s);
+      REQUIRE(a.params[s] == b.params[s]);
+      REQUIRE(a.params[s] == c.params[s]);
+    }
+    // every matrix element crosses twice per applied step with zero_offload, never with device_adam
+    const std::uint64_t applied = a.stats.steps - a.stats.skipped_steps;
+    std::uint64_t grad_bytes = 0, param_bytes = 0;
+    for (const auto& m : sc.mats) {
+      grad_bytes += m.rows * m.cols * size_of(m.gt);
+      param_bytes += m.rows * m.cols * size_of(m.pt);
+    }
+    CHECK(a.stats.bytes_to_host == applied * grad_bytes);
+    CHECK(a.stats.bytes_to_device == applied * param_bytes);
+    CHECK(a.stats.host_updates == applied);
+    CHECK(b.stats.bytes_to_host == 0);
+  }
+}
+
+TEST_CASE("zero_offload equals a double-precision AdamW within float tolerance") {
+  // fp32 params and grads, so what the trainer sees is the master itself.
+  scenario sc = plain_scenario(77, dtype::f32, dtype::f32);
+  sc.steps = 40;
+  zf_ref::zf_config plain = sc.ref;
+  plain.selector = zf_ref::zf_config::none;  // the model with no selection, U = 1, synchronous
+  plain.update_interval = 1;
+  plain.overlap = false;
+  plain.warm_up = 0;
+  plain.max_grad_norm = sc.cfg.max_grad_norm;
+  sc.ref = plain;
+  zero_offload<> zo(sc.cfg);
+  run_scenario(sc, zo);
+}
+
+TEST_CASE("bytes moved follow the closed form; 1.125x model size per step at r = 0.1, U = 4") {
+  // One 64 x 40 matrix, bf16 params and grads, a fixed column ranking (column c has |g| growing
+  // with c), so the first selection is the only one that moves state.
+  const std::size_t R = 64, C = 40, k = 4, U = 4, W = 2, N = W + 6 * U;
+  std::vector<bfloat16> w(R * C), dw(R * C);
+  for (auto& x : w) x = to_bfloat16(0.5f);
+  config cfg;
+  cfg.topk_ratio = 0.1;
+  cfg.update_interval = interval::every(U);
+  cfg.select_interval = interval::every(2 * U);
+  cfg.full_warm_up_rounds = W;
+  optimizer<> opt(cfg);
+  opt.add_matrix({w.data(), dw.data(), R, C, dtype::bf16, dtype::bf16});
+  opt.initialize();
+  for (std::size_t s = 0; s < N; ++s) {
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t i = 0; i < R; ++i) dw[c * R + i] = to_bfloat16(float(c + 1) * ((i + s) % 2 ? 1e-3f : -1e-3f));
+    opt.step();
+  }
+  const std::uint64_t model = R * C * 2;  // bytes of the params (bf16)
+  const std::uint64_t swap = 12 * R + 4;  // fp32 master, m, v and a count per column
+  const std::uint64_t windows = (N - W) / U;
+  const std::uint64_t unselected = R * (C - k) * 2;
+  optimizer_stats st = opt.stats();
+  CHECK(st.selections == 3);  // t = W+1, W+1+2U, W+1+4U
+  CHECK(opt.selected_columns(0) == std::vector<std::uint32_t>{36, 37, 38, 39});
+  CHECK(st.bytes_to_host == W * model + (N - W) * unselected);
+  // overlap: the last window's update is still in flight, not yet uploaded; a selection drains
+  const std::uint64_t applied = windows - 1;
+  CHECK(st.bytes_to_device == W * model + k * swap + applied * unselected);
+  opt.synchronize();
+  st = opt.stats();
+  CHECK(st.bytes_to_device == W * model + k * swap + windows * unselected);
+  // per applied step after warm-up: (1 - k/C) of the grads down, (1 - k/C)/U of the params up
+  const double per_step = double(st.bytes_to_host - W * model + st.bytes_to_device - W * model - k * swap) /
+                          double(N - W) / double(model);
+  CHECK(per_step == doctest::Approx(0.9 + 0.9 / 4).epsilon(1e-12));
+}

@@ -1,0 +1,103 @@
+// Bad input: every out-of-range or inconsistent config value, every registration error and
+// every misuse of the life cycle throws std::invalid_argument with a message naming the
+// problem, and changes no state.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+using namespace zenflow;
+
+namespace {
+void expect_config_error(const config& c, const std::string& msg) {
+  CAPTURE(msg);
+  CHECK_THROWS_WITH_AS(c.validate(), msg.c_str(), config_error);
+  CHECK_THROWS_AS(optimizer<>{c}, std::invalid_argument);  // config_error is one
+}
+}  // namespace
+
+TEST_CASE("config: the defaults are valid") {
+  CHECK_NOTHROW(config{}.validate());
+}
+
+TEST_CASE("config: each bad value is named with its allowed range") {
+  config c;
+  c.topk_ratio = 1.5;
+  expect_config_error(c, "zenflow config: topk_ratio must be in [0, 1], got 1.500000");
+  c = {}; c.topk_ratio = NAN;
+  expect_config_error(c, "zenflow config: topk_ratio must be in [0, 1], got nan");
+  c = {}; c.update_interval = interval::every(0);
+  expect_config_error(c, "zenflow config: update_interval must be >= 1 or \"auto\", got 0");
+  c = {}; c.select_interval = interval::every(0);
+  expect_config_error(c, "zenflow config: select_interval must be >= 1 or \"auto\", got 0");
+  c = {}; c.select_interval = interval::every(6); c.update_interval = interval::every(4);
+  expect_config_error(c, "zenflow config: select_interval must be a multiple of update_interval (4), got 6");
+  c = {}; c.select_interval = interval::auto_();
+  expect_config_error(c, "zenflow config: steps_per_epoch must be >= 1 when select_interval is \"auto\", got 0");
+  c = {}; c.select_interval = interval::auto_(); c.steps_per_epoch = 10;
+  expect_config_error(c, "zenflow config: select_interval must be a multiple of update_interval (4), got 10");
+  c = {}; c.auto_ratio = 0;
+  expect_config_error(c, "zenflow config: auto_ratio must be in (0, 1], got 0.000000");
+  c = {}; c.adam.lr = -1;
+  expect_config_error(c, "zenflow config: lr must be finite and >= 0, got -1.000000");
+  c = {}; c.adam.beta1 = 1;
+  expect_config_error(c, "zenflow config: beta1 must be in [0, 1), got 1.000000");
+  c = {}; c.adam.beta2 = 1.5f;
+  expect_config_error(c, "zenflow config: beta2 must be in [0, 1), got 1.500000");
+  c = {}; c.adam.eps = 0;
+  expect_config_error(c, "zenflow config: eps must be finite and > 0, got 0.000000");
+  c = {}; c.adam.weight_decay = -0.1f;
+  expect_config_error(c, "zenflow config: weight_decay must be finite and >= 0, got -0.100000");
+  c = {}; c.max_grad_norm = -1;
+  expect_config_error(c, "zenflow config: max_grad_norm must be finite and >= 0 (0 = no clipping), got -1.000000");
+  // "auto" update interval: any select interval goes
+  c = {}; c.update_interval = interval::auto_(); c.select_interval = interval::every(7);
+  CHECK_NOTHROW(c.validate());
+}
+
+TEST_CASE("registration errors are clear and leave the optimizer usable") {
+  std::vector<float> a(64), ga(64), b(16), gb(16);
+  optimizer<> opt(config{});
+  auto expect = [&](auto&& call, const char* msg) {
+    CHECK_THROWS_WITH_AS(call(), msg, std::invalid_argument);
+  };
+  expect([&] { opt.add_matrix({nullptr, ga.data(), 8, 8}); }, "zenflow: matrix 0: param is null");
+  expect([&] { opt.add_matrix({a.data(), nullptr, 8, 8}); }, "zenflow: matrix 0: grad is null");
+  expect([&] { opt.add_matrix({a.data(), ga.data(), 0, 8}); }, "zenflow: matrix 0: rows and cols must be > 0");
+  expect([&] { opt.add_matrix({reinterpret_cast<char*>(a.data()) + 2, ga.data(), 4, 4}); },
+         "zenflow: matrix 0: param is not aligned to its element size (4 bytes)");
+  expect([&] { opt.add_matrix({a.data(), a.data() + 8, 4, 4}); }, "zenflow: matrix 0: param and grad overlap");
+  expect([&] { opt.add_matrix({a.data(), ga.data(), std::size_t(1) << 62, 8}); }, "zenflow: matrix 0: rows * cols overflows");
+  expect([&] { opt.add_vector({b.data(), gb.data(), 0}); }, "zenflow: vector 0: n must be > 0");
+  expect([&] { opt.step(); }, "zenflow: step() before initialize()");
+  expect([&] { opt.initialize(); }, "zenflow: initialize(): no parameters registered");
+  CHECK(opt.add_matrix({a.data(), ga.data(), 8, 8}) == 0);
+  // a second registration over the same memory, or over the first one's gradient
+  expect([&] { opt.add_vector({a.data() + 4, gb.data(), 4}); }, "zenflow: vector 0 param overlaps matrix 0 param");
+  expect([&] { opt.add_vector({b.data(), ga.data(), 4}); }, "zenflow: vector 0 grad overlaps matrix 0 grad");
+  CHECK(opt.add_vector({b.data(), gb.data(), 16}) == 0);
+  opt.initialize();
+  expect([&] { opt.initialize(); }, "zenflow: initialize() called twice");
+  expect([&] { opt.add_vector({b.data(), gb.data(), 16}); }, "zenflow: vector 1: cannot register after initialize()");
+  expect([&] { opt.step(0.0f); }, "zenflow: grad_scale must be finite and > 0, got 0.000000");
+  expect([&] { opt.step(-2.0f); }, "zenflow: grad_scale must be finite and > 0, got -2.000000");
+  expect([&] { opt.step(INFINITY); }, "zenflow: grad_scale must be finite and > 0, got inf");
+  expect([&] { opt.set_lr(NAN); }, "zenflow: lr must be finite and >= 0, got nan");
+  CHECK(opt.stats().steps == 0);  // none of the bad calls counted as a step
+  CHECK(opt.lr() == config{}.adam.lr);
+  opt.step();
+  CHECK(opt.stats().steps == 1);
+}
+
+TEST_CASE("a failed initialize leaves nothing half-built") {
+  // A matrix too large to allocate: registration only checks the pointers, the allocation fails.
+  optimizer<> opt(config{});
+  auto* fake = reinterpret_cast<float*>(std::uintptr_t(1) << 40);
+  opt.add_matrix({fake, fake + (std::size_t(1) << 38), std::size_t(1) << 19, std::size_t(1) << 19});
+  CHECK_THROWS_AS(opt.initialize(), std::bad_alloc);
+  CHECK_FALSE(opt.initialized());
+  CHECK_THROWS_WITH_AS(opt.step(), "zenflow: step() before initialize()", std::invalid_argument);
+}
