@@ -140,3 +140,32 @@ TEST_CASE("bytes moved follow the closed form; 1.125x model size per step at r =
                           double(N - W) / double(model);
   CHECK(per_step == doctest::Approx(0.9 + 0.9 / 4).epsilon(1e-12));
 }
+
+TEST_CASE("bytes moved: a reselection that replaces every column swaps 12*rows+4 bytes each way per column") {
+  const std::size_t R = 16, C = 20, k = 2, U = 2;
+  std::vector<float> w(R * C, 0.5f), dw(R * C);
+  config cfg;
+  cfg.topk_ratio = 0.1;  // k = 2
+  cfg.update_interval = interval::every(U);
+  cfg.select_interval = interval::every(U);  // a selection at every window start
+  cfg.overlap_step = false;
+  optimizer<> opt(cfg);
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  auto grads = [&](bool high_first) {  // the largest columns: the last two, or the first two
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t i = 0; i < R; ++i) dw[c * R + i] = 1e-3f * float(high_first ? C - c : c + 1);
+  };
+  grads(false);
+  opt.step();  // t = 1: selects {18, 19}
+  opt.step();  // t = 2: boundary
+  const optimizer_stats before = opt.stats();
+  grads(true);
+  opt.step();  // t = 3: selects {0, 1}: both columns leave, two others join
+  CHECK(opt.selected_columns(0) == std::vector<std::uint32_t>{0, 1});
+  const optimizer_stats after = opt.stats();
+  const std::uint64_t swap = 12 * R + 4, unselected_grads = R * (C - k) * 4;
+  CHECK(after.bytes_to_host - before.bytes_to_host == k * swap + unselected_grads);
+  CHECK(after.bytes_to_device - before.bytes_to_device == k * swap);
+  CHECK(before.bytes_to_device == k * swap + R * (C - k) * 4);  // first selection + one host update
+}

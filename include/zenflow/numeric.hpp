@@ -24,6 +24,18 @@ constexpr std::string_view name_of(dtype t) noexcept {
   return t == dtype::f32 ? "f32" : t == dtype::bf16 ? "bf16" : "f16";
 }
 
+template <class T> struct type_tag { using type = T; };
+
+// Calls f(type_tag<T>{}) with the element type T of a dtype (float, bfloat16 or float16).
+template <class F>
+ZF_FORCEINLINE void visit_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: return f(type_tag<float>{});
+    case dtype::bf16: return f(type_tag<bfloat16>{});
+    case dtype::f16: return f(type_tag<float16>{});
+  }
+}
+
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr dtype value = dtype::f32; };
 template <> struct dtype_of<bfloat16> { static constexpr dtype value = dtype::bf16; };

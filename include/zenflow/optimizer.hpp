@@ -137,7 +137,7 @@ class optimizer {
     if (window_steps_ == 0 && any_selected_ &&
         (!selected_once_ || info.t - last_selection_ >= cfg_.select_steps())) {
       drain();
-      select(factor);
+      select();
       last_selection_ = info.t;
       selected_once_ = true;
       info.selection = true;
@@ -392,7 +392,7 @@ class optimizer {
   }
 
   // Picks the new columns of every matrix from this step's scores and swaps their state.
-  void select(float) {
+  void select() {
     std::vector<std::uint32_t> chosen;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       auto& d = updater_.matrix(i);

@@ -84,7 +84,7 @@ class fused_adamw {
   // The vectors' fp32 masters start as their params.
   void load_vectors(Space& space) {
     for (auto& v : vectors_)
-      with_type(v.p.param_type, [&](auto ptag) {
+      visit_dtype(v.p.param_type, [&](auto ptag) {
         using P = typename decltype(ptag)::type;
         const P* src = static_cast<const P*>(v.p.param);
         float* dst = v.master.data();
@@ -96,14 +96,14 @@ class fused_adamw {
   // are combined in a fixed order, so they do not depend on the thread count.
   grad_summary gradient_pass(Space& space) {
     for (auto& s : matrices_)
-      with_type(s.p.grad_type, [&](auto gtag) {
+      visit_dtype(s.p.grad_type, [&](auto gtag) {
         using G = typename decltype(gtag)::type;
         space.parallel_for(s.p.cols, device::column_stats_fn<G>{static_cast<const G*>(s.p.grad), s.p.rows,
                                                                 s.p.cols, s.p.layout, s.l1.data(),
                                                                 s.sumsq.data(), s.bad.data()});
       });
     for (auto& v : vectors_)
-      with_type(v.p.grad_type, [&](auto gtag) {
+      visit_dtype(v.p.grad_type, [&](auto gtag) {
         using G = typename decltype(gtag)::type;
         space.parallel_for(v.sumsq.size(), device::chunk_stats_fn<G>{static_cast<const G*>(v.p.grad), v.p.n,
                                                                      vector_chunk, v.sumsq.data(), v.bad.data()});
@@ -126,8 +126,8 @@ class fused_adamw {
   void update(Space& space, float factor, const adamw_hyper& hyper) {
     for (auto& s : matrices_) {
       if (s.active == 0) continue;
-      with_type(s.p.param_type, [&](auto ptag) {
-        with_type(s.p.grad_type, [&](auto gtag) {
+      visit_dtype(s.p.param_type, [&](auto ptag) {
+        visit_dtype(s.p.grad_type, [&](auto gtag) {
           using P = typename decltype(ptag)::type;
           using G = typename decltype(gtag)::type;
           const int b = s.cur;
@@ -140,8 +140,8 @@ class fused_adamw {
       });
     }
     for (auto& v : vectors_) {
-      with_type(v.p.param_type, [&](auto ptag) {
-        with_type(v.p.grad_type, [&](auto gtag) {
+      visit_dtype(v.p.param_type, [&](auto ptag) {
+        visit_dtype(v.p.grad_type, [&](auto gtag) {
           using P = typename decltype(ptag)::type;
           using G = typename decltype(gtag)::type;
           space.parallel_for(v.sumsq.size(), device::vector_adamw_fn<P, G>{
@@ -161,18 +161,7 @@ class fused_adamw {
   std::size_t matrices() const noexcept { return matrices_.size(); }
   std::size_t vectors() const noexcept { return vectors_.size(); }
 
-  // f(type_tag<T>{}) with the element type of a dtype.
-  template <class F>
-  static void with_type(dtype t, F&& f) {
-    switch (t) {
-      case dtype::f32: return f(tag<float>{});
-      case dtype::bf16: return f(tag<bfloat16>{});
-      case dtype::f16: return f(tag<float16>{});
-    }
-  }
-
  private:
-  template <class T> struct tag { using type = T; };
   std::vector<matrix_state> matrices_;
   std::vector<vector_state> vectors_;
 };

@@ -14,22 +14,11 @@
 namespace zenflow::host::detail {
 inline namespace ZF_KERNEL_NS {
 
-template <class T> struct type_tag { using type = T; };
-
-// Calls f(type_tag<T>{}) with the element type of a dtype.
-template <class F>
-ZF_FORCEINLINE void visit(dtype t, F&& f) {
-  switch (t) {
-    case dtype::f32: return f(type_tag<float>{});
-    case dtype::bf16: return f(type_tag<bfloat16>{});
-    case dtype::f16: return f(type_tag<float16>{});
-  }
-}
 // The same for an optional output: no buffer visits discard.
 template <class F>
 ZF_FORCEINLINE void visit_optional(const void* p, dtype t, F&& f) {
   if (!p) return f(type_tag<discard>{});
-  visit(t, f);
+  visit_dtype(t, f);
 }
 
 // Runs body(ptrs + i...) over [begin, end) in full vectors. The remainder goes through padded
@@ -108,7 +97,7 @@ struct tier_kernels {
     }
   }
   static void adamw(const adamw_job& j, std::size_t b, std::size_t e) noexcept {
-    visit(j.grad_type, [&](auto g) {
+    visit_dtype(j.grad_type, [&](auto g) {
       visit_optional(j.param_copy, j.copy_type, [&](auto c) {
         using G = typename decltype(g)::type;
         using C = typename decltype(c)::type;
@@ -119,7 +108,7 @@ struct tier_kernels {
   }
 
   static void accumulate(const accumulate_job& j, std::size_t b, std::size_t e) noexcept {
-    visit(j.grad_type, [&](auto tag) {
+    visit_dtype(j.grad_type, [&](auto tag) {
       using G = typename decltype(tag)::type;
       const F factor = V::broadcast(j.factor);
       const G* grad = static_cast<const G*>(j.grad);
@@ -137,8 +126,8 @@ struct tier_kernels {
   }
 
   static void convert(const convert_job& j, std::size_t b, std::size_t e) noexcept {
-    visit(j.src_type, [&](auto s) {
-      visit(j.dst_type, [&](auto d) {
+    visit_dtype(j.src_type, [&](auto s) {
+      visit_dtype(j.dst_type, [&](auto d) {
         using S = typename decltype(s)::type;
         using D = typename decltype(d)::type;
         for_each_vector<V>(b, e, [](const S* src, D* dst) { V::store(dst, V::load(src)); },
@@ -150,7 +139,7 @@ struct tier_kernels {
   // Roofline twins: the same loads and stores, values merely permuted (no arithmetic, and
   // nothing the compiler could drop). Gradients are loaded in their own dtype, as above.
   static void adamw_traffic(const adamw_job& j, std::size_t b, std::size_t e) noexcept {
-    visit(j.grad_type, [&](auto g) {
+    visit_dtype(j.grad_type, [&](auto g) {
       visit_optional(j.param_copy, j.copy_type, [&](auto c) {
         using G = typename decltype(g)::type;
         using C = typename decltype(c)::type;
@@ -168,7 +157,7 @@ struct tier_kernels {
     });
   }
   static void accumulate_traffic(const accumulate_job& j, std::size_t b, std::size_t e) noexcept {
-    visit(j.grad_type, [&](auto tag) {
+    visit_dtype(j.grad_type, [&](auto tag) {
       using G = typename decltype(tag)::type;
       for_each_vector<V>(
           b, e, [](float* acc, const G* g) { V::store(acc, V::bit_xor(V::load(acc), V::load(g))); },
