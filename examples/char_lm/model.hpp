@@ -1,0 +1,164 @@
+// A character-level MLP language model with hand-written forward and backward passes over raw
+// fp32 buffers, parallel with oneTBB and deterministic for a given seed (every output element is
+// computed by one thread in a fixed order; reductions across threads are done serially).
+//
+//   context of T characters -> embedding (V x E each) -> concat (T*E)
+//   -> tanh(W1 x + b1) (H) -> tanh(W2 h1 + b2) (H) -> W3 h2 + b3 (V) -> softmax
+//
+// Weights are column-contiguous [in][out] (a column is one input feature), the layout zenflow
+// selects columns in; the embedding table is [V][E]: a column per character.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+namespace char_lm {
+
+struct shape {
+  std::size_t vocab = 0, context = 16, embed = 32, hidden = 1024;
+};
+
+struct layer {  // y = W x + b, W stored [in][out]
+  std::size_t in = 0, out = 0;
+  std::vector<float> w, b, dw, db;
+  layer() = default;
+  layer(std::size_t i, std::size_t o) : in(i), out(o), w(i * o), b(o), dw(i * o), db(o) {}
+};
+
+struct model {
+  shape s;
+  std::vector<float> emb, demb;  // [vocab][embed]
+  layer l1, l2, l3;
+  explicit model(const shape& sh, std::uint64_t seed)
+      : s(sh),
+        emb(sh.vocab * sh.embed),
+        demb(emb.size()),
+        l1(sh.context * sh.embed, sh.hidden),
+        l2(sh.hidden, sh.hidden),
+        l3(sh.hidden, sh.vocab) {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (auto& x : emb) x = n(gen) * 0.5f;
+    for (layer* l : {&l1, &l2, &l3})
+      for (auto& x : l->w) x = n(gen) / std::sqrt(float(l->in));
+  }
+  std::size_t parameters() const {
+    return emb.size() + l1.w.size() + l1.b.size() + l2.w.size() + l2.b.size() + l3.w.size() + l3.b.size();
+  }
+};
+
+// Activations of one batch (kept for the backward pass).
+struct batch_state {
+  std::size_t n = 0;
+  std::vector<float> x, h1, h2, p;  // [n][T*E], [n][H], [n][H], [n][V] (softmax)
+  std::vector<float> dh1, dh2, dx;
+};
+
+namespace detail {
+// y[b][:] = W^T x[b][:] + bias for each row b (W is [in][out]).
+inline void dense(const layer& l, const float* x, float* y, std::size_t n) {
+  tbb::parallel_for(std::size_t(0), n, [&](std::size_t b) {
+    float* yb = y + b * l.out;
+    std::copy(l.b.begin(), l.b.end(), yb);
+    const float* xb = x + b * l.in;
+    for (std::size_t c = 0; c < l.in; ++c) {
+      const float xc = xb[c];
+      const float* wc = l.w.data() + c * l.out;
+      for (std::size_t r = 0; r < l.out; ++r) yb[r] += xc * wc[r];
+    }
+  });
+}
+// dW[c][:] = sum_b x[b][c] dy[b][:], db = sum_b dy[b]; dx[b][c] = dot(W[c][:], dy[b][:]) if dx.
+inline void dense_back(layer& l, const float* x, const float* dy, float* dx, std::size_t n) {
+  tbb::parallel_for(std::size_t(0), l.in, [&](std::size_t c) {
+    float* dwc = l.dw.data() + c * l.out;
+    std::fill(dwc, dwc + l.out, 0.0f);
+    for (std::size_t b = 0; b < n; ++b) {
+      const float xc = x[b * l.in + c];
+      if (xc == 0.0f) continue;
+      const float* dyb = dy + b * l.out;
+      for (std::size_t r = 0; r < l.out; ++r) dwc[r] += xc * dyb[r];
+    }
+  });
+  std::fill(l.db.begin(), l.db.end(), 0.0f);
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t r = 0; r < l.out; ++r) l.db[r] += dy[b * l.out + r];
+  if (!dx) return;
+  tbb::parallel_for(std::size_t(0), n, [&](std::size_t b) {
+    const float* dyb = dy + b * l.out;
+    for (std::size_t c = 0; c < l.in; ++c) {
+      const float* wc = l.w.data() + c * l.out;
+      float s = 0;
+      for (std::size_t r = 0; r < l.out; ++r) s += wc[r] * dyb[r];
+      dx[b * l.in + c] = s;
+    }
+  });
+}
+}  // namespace detail
+
+// Mean cross-entropy (nats) of predicting text[pos[b] + T] from the T characters before it.
+// With train = true, also leaves the gradients of the mean loss in the model's d* buffers.
+inline double forward_backward(model& m, batch_state& st, const std::vector<std::uint8_t>& text,
+                               const std::vector<std::size_t>& pos, bool train) {
+  const shape& s = m.s;
+  const std::size_t n = pos.size(), in = s.context * s.embed;
+  st.n = n;
+  st.x.resize(n * in);
+  st.h1.resize(n * s.hidden);
+  st.h2.resize(n * s.hidden);
+  st.p.resize(n * s.vocab);
+  tbb::parallel_for(std::size_t(0), n, [&](std::size_t b) {
+    for (std::size_t t = 0; t < s.context; ++t)
+      std::copy_n(m.emb.data() + std::size_t(text[pos[b] + t]) * s.embed, s.embed, st.x.data() + b * in + t * s.embed);
+  });
+  detail::dense(m.l1, st.x.data(), st.h1.data(), n);
+  for (auto& v : st.h1) v = std::tanh(v);
+  detail::dense(m.l2, st.h1.data(), st.h2.data(), n);
+  for (auto& v : st.h2) v = std::tanh(v);
+  detail::dense(m.l3, st.h2.data(), st.p.data(), n);
+  std::vector<double> nll(n);
+  tbb::parallel_for(std::size_t(0), n, [&](std::size_t b) {
+    float* pb = st.p.data() + b * s.vocab;
+    const float mx = *std::max_element(pb, pb + s.vocab);
+    double z = 0;
+    for (std::size_t v = 0; v < s.vocab; ++v) z += std::exp(double(pb[v] - mx));
+    const std::size_t target = text[pos[b] + s.context];
+    nll[b] = -(double(pb[target] - mx) - std::log(z));
+    for (std::size_t v = 0; v < s.vocab; ++v) pb[v] = float(std::exp(double(pb[v] - mx)) / z);
+  });
+  double loss = 0;
+  for (double l : nll) loss += l;  // serial: the same sum whatever the thread count
+  loss /= double(n);
+  if (!train) return loss;
+
+  // d loss / d logits = (softmax - onehot) / n, in place
+  for (std::size_t b = 0; b < n; ++b) {
+    st.p[b * s.vocab + text[pos[b] + s.context]] -= 1.0f;
+    for (std::size_t v = 0; v < s.vocab; ++v) st.p[b * s.vocab + v] /= float(n);
+  }
+  st.dh2.resize(n * s.hidden);
+  st.dh1.resize(n * s.hidden);
+  st.dx.resize(n * in);
+  detail::dense_back(m.l3, st.h2.data(), st.p.data(), st.dh2.data(), n);
+  for (std::size_t i = 0; i < st.dh2.size(); ++i) st.dh2[i] *= 1.0f - st.h2[i] * st.h2[i];
+  detail::dense_back(m.l2, st.h1.data(), st.dh2.data(), st.dh1.data(), n);
+  for (std::size_t i = 0; i < st.dh1.size(); ++i) st.dh1[i] *= 1.0f - st.h1[i] * st.h1[i];
+  detail::dense_back(m.l1, st.x.data(), st.dh1.data(), st.dx.data(), n);
+  // embedding gradient: a serial scatter-add in batch order (deterministic)
+  std::fill(m.demb.begin(), m.demb.end(), 0.0f);
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t t = 0; t < s.context; ++t) {
+      float* d = m.demb.data() + std::size_t(text[pos[b] + t]) * s.embed;
+      const float* g = st.dx.data() + b * in + t * s.embed;
+      for (std::size_t e = 0; e < s.embed; ++e) d[e] += g[e];
+    }
+  return loss;
+}
+
+}  // namespace char_lm

@@ -1,0 +1,224 @@
+// Trains the character-level LM with one optimizer after another — plain AdamW (device_adam),
+// ZenFlow, ZeRO-Offload — from the same initialisation on the same batches, and reports losses,
+// speed, stall and bytes moved. Used by examples/char_lm/main.cpp and by the acceptance test.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <zenflow/zenflow.hpp>
+
+#include "model.hpp"
+
+namespace char_lm {
+
+struct options {
+  int steps = 1200;
+  std::size_t hidden = 1024, context = 16, embed = 32, batch = 32;
+  unsigned threads = 2;
+  std::uint64_t seed = 1;
+  double topk = 0.1;
+  unsigned update_interval = 4;
+  float lr = 1e-3f;
+  int eval_every = 200;
+  std::size_t eval_positions = 2048;
+  std::vector<std::string> optimizers = {"adamw", "zenflow", "zero_offload"};
+  std::vector<std::string> texts;  // empty: the license texts of the system
+};
+
+struct corpus {
+  std::vector<std::uint8_t> train, valid;  // character ids
+  std::vector<unsigned char> alphabet;     // id -> byte
+  double unigram_entropy = 0;              // nats per character, of the training text
+  std::size_t files = 0;
+};
+
+inline const char* default_text_dir = "/usr/share/common-licenses";
+
+// Reads the texts (default: every regular file of the license directory, sorted by name,
+// symbolic links skipped), maps bytes to ids, keeps the last 10% for validation.
+inline corpus load_corpus(const std::vector<std::string>& texts) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files = texts;
+  if (files.empty()) {
+    std::error_code ec;
+    if (!fs::is_directory(default_text_dir, ec))
+      throw std::runtime_error(std::string("no text given and ") + default_text_dir +
+                               " does not exist: pass a text file, e.g. --text book.txt");
+    for (const auto& e : fs::directory_iterator(default_text_dir))
+      if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+  }
+  std::vector<unsigned char> bytes;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read text file " + f);
+    bytes.insert(bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (bytes.size() < 10000) throw std::runtime_error("the text is too short (" + std::to_string(bytes.size()) + " bytes; at least 10000 needed)");
+  corpus c;
+  c.files = files.size();
+  int id_of[256];
+  std::fill(std::begin(id_of), std::end(id_of), -1);
+  for (unsigned char b : bytes)
+    if (id_of[b] < 0) {
+      id_of[b] = 0;
+      c.alphabet.push_back(b);
+    }
+  std::sort(c.alphabet.begin(), c.alphabet.end());
+  for (std::size_t i = 0; i < c.alphabet.size(); ++i) id_of[c.alphabet[i]] = int(i);
+  const std::size_t split = bytes.size() - bytes.size() / 10;
+  for (std::size_t i = 0; i < bytes.size(); ++i) (i < split ? c.train : c.valid).push_back(std::uint8_t(id_of[bytes[i]]));
+  std::vector<double> freq(c.alphabet.size(), 0);
+  for (auto id : c.train) freq[id] += 1;
+  for (double f : freq)
+    if (f > 0) c.unigram_entropy -= f / double(c.train.size()) * std::log(f / double(c.train.size()));
+  return c;
+}
+
+struct curve_point {
+  int step;
+  double train, valid;
+};
+
+struct run_result {
+  std::string name;
+  std::vector<curve_point> curve;
+  double final_train = 0, final_valid = 0, steps_per_second = 0, stall_seconds = 0;
+  double bytes_per_step = 0;  // host<->device bytes per step, as a multiple of the model's bytes
+  zenflow::optimizer_stats stats;
+};
+
+// Evenly spaced prediction positions of a text.
+inline std::vector<std::size_t> eval_positions(const std::vector<std::uint8_t>& text, std::size_t context,
+                                               std::size_t count) {
+  const std::size_t span = text.size() - context - 1;
+  count = std::min(count, span);
+  std::vector<std::size_t> pos(count);
+  for (std::size_t i = 0; i < count; ++i) pos[i] = i * span / count;
+  return pos;
+}
+
+inline double evaluate(model& m, const std::vector<std::uint8_t>& text, const std::vector<std::size_t>& pos) {
+  batch_state st;
+  double total = 0;
+  const std::size_t chunk = 512;
+  for (std::size_t i = 0; i < pos.size(); i += chunk) {
+    const std::vector<std::size_t> part(pos.begin() + std::ptrdiff_t(i),
+                                        pos.begin() + std::ptrdiff_t(std::min(pos.size(), i + chunk)));
+    total += forward_backward(m, st, text, part, false) * double(part.size());
+  }
+  return total / double(pos.size());
+}
+
+template <class Optimizer>
+run_result train_with(const std::string& name, Optimizer& opt, const corpus& c, const options& o,
+                      tbb::task_arena& arena) {
+  shape sh{c.alphabet.size(), o.context, o.embed, o.hidden};
+  model m(sh, o.seed);  // the same initialisation for every optimizer
+  // ---- the zenflow integration: register the raw buffers, then step() after each backward ----
+  opt.add_matrix({m.emb.data(), m.demb.data(), sh.embed, sh.vocab});  // a column per character
+  for (layer* l : {&m.l1, &m.l2, &m.l3}) {
+    opt.add_matrix({l->w.data(), l->dw.data(), l->out, l->in});  // [in][out]: a column per input
+    opt.add_vector({l->b.data(), l->db.data(), l->out});
+  }
+  opt.initialize();
+  // -----------------------------------------------------------------------------------------
+  run_result r;
+  r.name = name;
+  std::mt19937_64 gen(o.seed ^ 0x9e3779b97f4a7c15ull);  // the same batches for every optimizer
+  std::uniform_int_distribution<std::size_t> at(0, c.train.size() - o.context - 2);
+  const auto valid_pos = eval_positions(c.valid, o.context, o.eval_positions);
+  batch_state st;
+  std::vector<std::size_t> pos(o.batch);
+  double window_loss = 0;
+  int window = 0;
+  double train_seconds = 0;
+  {  // step 0: the initial model, on held-out and on training text
+    const auto train_pos = eval_positions(c.train, o.context, o.eval_positions);
+    double v = 0, t = 0;
+    arena.execute([&] {
+      v = evaluate(m, c.valid, valid_pos);
+      t = evaluate(m, c.train, train_pos);
+    });
+    r.curve.push_back({0, t, v});
+  }
+  for (int step = 1; step <= o.steps; ++step) {
+    for (auto& p : pos) p = at(gen);
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss = 0;
+    arena.execute([&] {
+      loss = forward_backward(m, st, c.train, pos, true);
+      opt.step();
+    });
+    train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    window_loss += loss;
+    ++window;
+    if (step % o.eval_every == 0 || step == o.steps) {
+      // Intermediate evaluations see the params as training does (a host update may be in
+      // flight); synchronizing here would land it early and change the run. The last one waits.
+      if (step == o.steps) opt.synchronize();
+      double v = 0;
+      arena.execute([&] { v = evaluate(m, c.valid, valid_pos); });
+      r.curve.push_back({step, window_loss / window, v});
+      window_loss = 0;
+      window = 0;
+    }
+  }
+  r.final_train = r.curve.back().train;
+  r.final_valid = r.curve.back().valid;
+  r.steps_per_second = double(o.steps) / train_seconds;
+  r.stats = opt.stats();
+  r.stall_seconds = r.stats.stall_seconds;
+  const double model_bytes = double(m.parameters()) * 4;
+  r.bytes_per_step = double(r.stats.bytes_to_host + r.stats.bytes_to_device) / double(o.steps) / model_bytes;
+  return r;
+}
+
+inline zenflow::config zenflow_config(const options& o) {
+  zenflow::config cfg;
+  cfg.adam.lr = o.lr;
+  cfg.adam.weight_decay = 0.0f;
+  cfg.topk_ratio = o.topk;
+  cfg.update_interval = zenflow::interval::every(o.update_interval);
+  cfg.select_interval = zenflow::interval::every(16 * o.update_interval);
+  cfg.host_threads = o.threads;
+  return cfg;
+}
+
+// Runs every optimizer of o.optimizers on the same data; `progress` is told of each run's start.
+template <class Progress>
+std::vector<run_result> run_all(const corpus& c, const options& o, Progress progress) {
+  tbb::task_arena arena(int(o.threads));
+  std::vector<run_result> out;
+  const zenflow::config cfg = zenflow_config(o);
+  for (const auto& name : o.optimizers) {
+    progress(name);
+    if (name == "adamw") {
+      zenflow::device_adam<> opt(cfg);
+      out.push_back(train_with(name, opt, c, o, arena));
+    } else if (name == "zenflow") {
+      zenflow::optimizer<> opt(cfg);
+      out.push_back(train_with(name, opt, c, o, arena));
+    } else if (name == "zero_offload") {
+      zenflow::zero_offload<> opt(cfg);
+      out.push_back(train_with(name, opt, c, o, arena));
+    } else {
+      throw std::invalid_argument("unknown optimizer '" + name + "' (adamw, zenflow, zero_offload)");
+    }
+  }
+  return out;
+}
+
+}  // namespace char_lm

@@ -1,0 +1,57 @@
+// Acceptance of the example trainer (examples/char_lm): on the system's license texts, ZenFlow
+// with its default configuration ends within 2% (relative) of plain AdamW's validation loss,
+// ZeRO-Offload equals AdamW (the same math, on the host), the model learns (loss well below the
+// unigram entropy), and a run is deterministic whatever the thread count.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "../examples/char_lm/trainer.hpp"
+
+namespace {
+auto no_progress = [](const std::string&) {};
+}  // namespace
+
+TEST_CASE("char_lm: zero_offload equals adamw, and runs are deterministic across thread counts") {
+  const char_lm::corpus c = char_lm::load_corpus({});
+  char_lm::options o;
+  o.steps = 60;
+  o.hidden = 128;
+  o.eval_every = 30;
+  o.eval_positions = 512;
+  o.threads = 2;
+  const auto two = char_lm::run_all(c, o, no_progress);
+  REQUIRE(two.size() == 3);
+  // adamw and zero_offload do the same float operations in the same order (adamw.hpp), one on
+  // the device side, one on the host side: the losses agree exactly, not only within a tolerance.
+  for (std::size_t i = 0; i < two[0].curve.size(); ++i) {
+    CHECK(two[2].curve[i].valid == two[0].curve[i].valid);
+    CHECK(two[2].curve[i].train == two[0].curve[i].train);
+  }
+  o.threads = 1;
+  o.optimizers = {"zenflow"};
+  const auto one = char_lm::run_all(c, o, no_progress);
+  for (std::size_t i = 0; i < one[0].curve.size(); ++i) CHECK(one[0].curve[i].valid == two[1].curve[i].valid);
+}
+
+TEST_CASE("char_lm: zenflow's validation loss is within 2% of adamw's, far below the unigram entropy") {
+  // The default model and length (1.6M parameters, 1200 steps, seed 1), AdamW and ZenFlow only.
+  // The gap is a property of the training regime: shorter runs of this model end 0.7-3% apart
+  // across seeds at 800 steps, while at the default length seeds 1-4 gave +1.8, +0.8, +1.6 and
+  // +0.1%. The run is deterministic (same code, same seed: same bits), so this is not flaky.
+  const char_lm::corpus c = char_lm::load_corpus({});
+  char_lm::options o;
+  o.optimizers = {"adamw", "zenflow"};
+  o.eval_every = 1200;
+  const auto runs = char_lm::run_all(c, o, no_progress);
+  const double adamw = runs[0].final_valid, zenflow = runs[1].final_valid;
+  MESSAGE("valid loss: adamw ", adamw, ", zenflow ", zenflow, ", unigram entropy ", c.unigram_entropy);
+  CHECK(std::fabs(zenflow / adamw - 1.0) <= 0.02);
+  // "learns": at least 10% below the entropy of the character distribution (a model that only
+  // knew character frequencies would sit at the entropy)
+  CHECK(adamw <= 0.9 * c.unigram_entropy);
+  CHECK(zenflow <= 0.9 * c.unigram_entropy);
+  // ZenFlow's traffic: about (1 - r) of the grads down each step and (1 - r)/U of the params up
+  CHECK(runs[1].bytes_per_step == doctest::Approx(0.9 + 0.9 / 4).epsilon(0.02));
+}
