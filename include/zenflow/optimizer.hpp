@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.hpp"
 #include "config.hpp"
 #include "device_update/fused_adamw.hpp"
 #include "host/accumulator.hpp"
@@ -218,8 +219,309 @@ class optimizer {
   Space& space() noexcept { return space_; }
   Scheduler& scheduler() noexcept { return scheduler_; }
 
+  // ---- checkpoints ------------------------------------------------------------------------
+  // Saves the complete state — config, registrations, counters, selections, per-column counts,
+  // fp32 masters and moments on both sides, the open window's accumulator, a host update that
+  // has run but is not yet visible, the Zen-auto sums, and the registered params themselves —
+  // atomically (a crash mid-save leaves the previous file intact). A host update in flight is
+  // waited for, not applied early: saving does not change the run. Throws std::runtime_error
+  // on I/O failure, with the optimizer unchanged.
+  void save(const std::string& path) {
+    if (!initialized_) fail("save() before initialize()");
+    scheduler_.wait();
+    ckpt::writer conf, lay, cnt;
+    write_config(conf, cfg_);
+    lay.put<std::uint64_t>(matrices_.size());
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const matrix_param& p = matrices_[i];
+      lay.put<std::uint64_t>(p.rows);
+      lay.put<std::uint64_t>(p.cols);
+      lay.put<std::uint8_t>(std::uint8_t(p.param_type));
+      lay.put<std::uint8_t>(std::uint8_t(p.grad_type));
+      lay.put<std::uint8_t>(std::uint8_t(p.layout));
+      lay.put<std::uint64_t>(updater_.matrix(i).k);
+    }
+    lay.put<std::uint64_t>(vectors_.size());
+    for (const vector_param& p : vectors_) {
+      lay.put<std::uint64_t>(p.n);
+      lay.put<std::uint8_t>(std::uint8_t(p.param_type));
+      lay.put<std::uint8_t>(std::uint8_t(p.grad_type));
+    }
+    const optimizer_stats st = stats();
+    for (std::uint64_t v : {applied_, steps_, skipped_, selections_, host_updates_, last_selection_, window_steps_,
+                            st.bytes_to_host, st.bytes_to_device, host_ns_.load()})
+      cnt.put(v);
+    cnt.put<double>(st.stall_seconds);
+    cnt.put<std::uint8_t>(selected_once_);
+    cnt.put<std::uint8_t>(pending_);
+    cnt.put<std::uint8_t>(std::uint8_t(active_acc_));
+    cnt.put<std::uint64_t>(auto_a_.size());
+    for (std::size_t i = 0; i < auto_a_.size(); ++i) {
+      cnt.put(auto_a_[i]);
+      cnt.put(auto_b_[i]);
+    }
+    std::vector<ckpt::writer> mats(matrices_.size()), vecs(vectors_.size());
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const matrix_param& p = matrices_[i];
+      const auto& d = updater_.matrix(i);
+      const auto& h = host_.matrix(i);
+      const std::size_t n = p.rows * p.cols, ks = d.active * p.rows, pb = n * size_of(p.param_type);
+      ckpt::writer& w = mats[i];
+      w.put<std::uint64_t>(d.active);
+      w.bytes(d.columns[d.cur].data(), 4 * d.active);
+      w.bytes(d.master[d.cur].data(), 4 * ks);
+      w.bytes(d.exp_avg[d.cur].data(), 4 * ks);
+      w.bytes(d.exp_avg_sq[d.cur].data(), 4 * ks);
+      w.bytes(d.counts[d.cur].data(), 4 * d.active);
+      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data(), h.acc[1].data()})
+        w.bytes(a, 4 * n);
+      w.bytes(h.counts.data(), 4 * p.cols);
+      w.bytes(h.param_stage.data(), pb);
+      std::vector<unsigned char> params(pb);
+      space_.copy(params.data(), p.param, pb);
+      w.bytes(params.data(), pb);
+    }
+    for (std::size_t i = 0; i < vectors_.size(); ++i) {
+      const vector_param& p = vectors_[i];
+      const auto& v = updater_.vector(i);
+      ckpt::writer& w = vecs[i];
+      w.bytes(v.master.data(), 4 * p.n);
+      w.bytes(v.exp_avg.data(), 4 * p.n);
+      w.bytes(v.exp_avg_sq.data(), 4 * p.n);
+      w.put<std::uint32_t>(v.count);
+      std::vector<unsigned char> params(p.n * size_of(p.param_type));
+      space_.copy(params.data(), p.param, params.size());
+      w.bytes(params.data(), params.size());
+    }
+    std::vector<std::pair<std::uint32_t, const ckpt::writer*>> sections = {
+        {ckpt::config_tag, &conf}, {ckpt::layout_tag, &lay}, {ckpt::counters_tag, &cnt}};
+    for (const auto& w : mats) sections.push_back({ckpt::matrix_tag, &w});
+    for (const auto& w : vecs) sections.push_back({ckpt::vector_tag, &w});
+    ckpt::write_file(path, sections);
+  }
+
+  // Restores a checkpoint written by save() into this initialised optimizer, whose config and
+  // registrations must match the file's (lr is taken from the file; host_threads may differ).
+  // The registered params are overwritten with the saved ones. Everything is read and checked
+  // first: a file that is unreadable, corrupt or mismatched throws zenflow::checkpoint_error
+  // naming the problem, and the optimizer is left exactly as it was.
+  void load(const std::string& path) {
+    if (!initialized_) fail("load() before initialize()");
+    std::vector<ckpt::section> secs;
+    const std::vector<unsigned char> file = ckpt::read_file(path, secs);
+    auto bad = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + path + ": " + why); };
+    const std::size_t want = 3 + matrices_.size() + vectors_.size();
+    if (secs.size() != want)
+      bad("has " + std::to_string(secs.size()) + " sections, this optimizer needs " + std::to_string(want) +
+          " (a different number of registered parameters?)");
+    auto expect_tag = [&](std::size_t i, std::uint32_t t, const char* what) {
+      if (secs[i].tag != t) bad("section " + std::to_string(i) + " should be the " + what + " section");
+    };
+    expect_tag(0, ckpt::config_tag, "config");
+    expect_tag(1, ckpt::layout_tag, "layout");
+    expect_tag(2, ckpt::counters_tag, "counters");
+    // config: everything but lr and host_threads must agree
+    ckpt::reader rc(secs[0].data, secs[0].size, "config");
+    const config fc = read_config(rc);
+    rc.done();
+    compare_config(fc, bad);
+    // registrations
+    ckpt::reader rl(secs[1].data, secs[1].size, "layout");
+    if (rl.get<std::uint64_t>() != matrices_.size()) bad("registers a different number of matrices");
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const matrix_param& p = matrices_[i];
+      const auto rows = rl.get<std::uint64_t>(), cols = rl.get<std::uint64_t>();
+      const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>(), lo = rl.get<std::uint8_t>();
+      const auto k = rl.get<std::uint64_t>();
+      if (rows != p.rows || cols != p.cols || pt != std::uint8_t(p.param_type) || gt != std::uint8_t(p.grad_type) ||
+          lo != std::uint8_t(p.layout) || k != updater_.matrix(i).k)
+        bad("matrix " + std::to_string(i) + " is " + std::to_string(rows) + "x" + std::to_string(cols) +
+            " (param dtype " + std::to_string(pt) + ", grad dtype " + std::to_string(gt) + ", layout " +
+            std::to_string(lo) + ") in the file, " + std::to_string(p.rows) + "x" + std::to_string(p.cols) +
+            " (" + std::to_string(int(p.param_type)) + ", " + std::to_string(int(p.grad_type)) + ", " +
+            std::to_string(int(p.layout)) + ") here");
+    }
+    if (rl.get<std::uint64_t>() != vectors_.size()) bad("registers a different number of vectors");
+    for (std::size_t i = 0; i < vectors_.size(); ++i) {
+      const auto n = rl.get<std::uint64_t>();
+      const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>();
+      if (n != vectors_[i].n || pt != std::uint8_t(vectors_[i].param_type) || gt != std::uint8_t(vectors_[i].grad_type))
+        bad("vector " + std::to_string(i) + " has " + std::to_string(n) + " elements in the file, " +
+            std::to_string(vectors_[i].n) + " here (or other dtypes)");
+    }
+    rl.done();
+    // counters
+    ckpt::reader rn(secs[2].data, secs[2].size, "counters");
+    std::uint64_t c[10];
+    for (auto& v : c) v = rn.get<std::uint64_t>();
+    const double stall = rn.get<double>();
+    const auto sel_once = rn.get<std::uint8_t>(), pend = rn.get<std::uint8_t>(), acc = rn.get<std::uint8_t>();
+    const auto na = rn.get<std::uint64_t>();
+    if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != matrices_.size()) || c[0] + c[2] != c[1] ||
+        c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
+      bad("counters section is inconsistent");
+    std::vector<double> aa(na), ab(na);
+    for (std::size_t i = 0; i < na; ++i) {
+      aa[i] = rn.get<double>();
+      ab[i] = rn.get<double>();
+    }
+    rn.done();
+    // matrices and vectors: sizes and column lists checked while parsing into staging copies
+    struct mat_blob {
+      std::size_t active;
+      const unsigned char* at;
+    };
+    std::vector<mat_blob> mb;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const ckpt::section& sec = secs[3 + i];
+      if (sec.tag != ckpt::matrix_tag) bad("section " + std::to_string(3 + i) + " should be matrix " + std::to_string(i));
+      const matrix_param& p = matrices_[i];
+      ckpt::reader r(sec.data, sec.size, "matrix " + std::to_string(i));
+      const auto active = r.get<std::uint64_t>();
+      if (active != 0 && active != updater_.matrix(i).k) bad("matrix " + std::to_string(i) + ": selection size differs");
+      const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
+      const std::size_t expect = 8 + 4 * active + 12 * active * p.rows + 4 * active + 20 * n + 4 * p.cols + 2 * pb;
+      if (sec.size != expect) bad("matrix " + std::to_string(i) + " section has the wrong size");
+      std::vector<std::uint32_t> cols(active);
+      r.bytes(cols.data(), 4 * active);
+      for (std::size_t s = 0; s < active; ++s)
+        if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
+          bad("matrix " + std::to_string(i) + ": corrupt column list");
+      mb.push_back({active, sec.data + 8});
+    }
+    for (std::size_t i = 0; i < vectors_.size(); ++i) {
+      const ckpt::section& sec = secs[3 + matrices_.size() + i];
+      if (sec.tag != ckpt::vector_tag) bad("section " + std::to_string(3 + matrices_.size() + i) + " should be vector " + std::to_string(i));
+      if (sec.size != 12 * vectors_[i].n + 4 + vectors_[i].n * size_of(vectors_[i].param_type))
+        bad("vector " + std::to_string(i) + " section has the wrong size");
+    }
+
+    // ---- everything checked: commit (copies only, nothing can fail from here) ----
+    scheduler_.wait();
+    cfg_.adam.lr = fc.adam.lr;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const matrix_param& p = matrices_[i];
+      auto& d = updater_.matrix(i);
+      auto& h = host_.matrix(i);
+      const std::size_t n = p.rows * p.cols, ks = mb[i].active * p.rows, pb = n * size_of(p.param_type);
+      const unsigned char* at = mb[i].at;
+      auto take = [&](void* dst, std::size_t bytes) {
+        std::memcpy(dst, at, bytes);
+        at += bytes;
+      };
+      d.cur = 0;
+      d.active = mb[i].active;
+      take(d.columns[0].data(), 4 * d.active);
+      take(d.master[0].data(), 4 * ks);
+      take(d.exp_avg[0].data(), 4 * ks);
+      take(d.exp_avg_sq[0].data(), 4 * ks);
+      take(d.counts[0].data(), 4 * d.active);
+      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data(), h.acc[1].data()})
+        take(a, 4 * n);
+      take(h.counts.data(), 4 * p.cols);
+      take(h.param_stage.data(), pb);
+      space_.copy(p.param, at, pb);
+      auto& un = unselected_[i];
+      un.clear();
+      for (std::size_t col = 0, j = 0; col < p.cols; ++col) {
+        if (j < d.active && d.columns[0][j] == col) ++j;
+        else un.push_back(std::uint32_t(col));
+      }
+    }
+    for (std::size_t i = 0; i < vectors_.size(); ++i) {
+      const vector_param& p = vectors_[i];
+      auto& v = updater_.vector(i);
+      const unsigned char* at = secs[3 + matrices_.size() + i].data;
+      std::memcpy(v.master.data(), at, 4 * p.n);
+      std::memcpy(v.exp_avg.data(), at + 4 * p.n, 4 * p.n);
+      std::memcpy(v.exp_avg_sq.data(), at + 8 * p.n, 4 * p.n);
+      std::memcpy(&v.count, at + 12 * p.n, 4);
+      space_.copy(p.param, at + 12 * p.n + 4, p.n * size_of(p.param_type));
+    }
+    applied_ = c[0];
+    steps_ = c[1];
+    skipped_ = c[2];
+    selections_ = c[3];
+    host_updates_ = c[4];
+    last_selection_ = c[5];
+    window_steps_ = c[6];
+    base_to_host_ = transport_.bytes_to_host() - c[7];  // stats() continues from the saved values
+    base_to_device_ = transport_.bytes_to_device() - c[8];
+    host_ns_ = c[9];
+    base_stall_ = scheduler_.stall_seconds() - stall;
+    selected_once_ = sel_once;
+    pending_ = pend;
+    active_acc_ = acc;
+    auto_a_ = std::move(aa);
+    auto_b_ = std::move(ab);
+    (void)file;
+  }
+
  private:
   [[noreturn]] static void fail(const std::string& what) { throw std::invalid_argument("zenflow: " + what); }
+
+  static void write_config(ckpt::writer& w, const config& c) {
+    w.put(c.topk_ratio);
+    w.put(c.select_interval.steps);
+    w.put<std::uint8_t>(c.select_interval.automatic);
+    w.put(c.update_interval.steps);
+    w.put<std::uint8_t>(c.update_interval.automatic);
+    w.put(c.full_warm_up_rounds);
+    w.put<std::uint8_t>(c.overlap_step);
+    w.put(c.auto_ratio);
+    w.put(c.steps_per_epoch);
+    w.put<std::uint8_t>(std::uint8_t(c.score));
+    for (float x : {c.adam.lr, c.adam.beta1, c.adam.beta2, c.adam.eps, c.adam.weight_decay}) w.put(x);
+    w.put<std::uint8_t>(std::uint8_t(c.adam.mode));
+    w.put(c.max_grad_norm);
+    w.put(c.host_threads);
+  }
+  static config read_config(ckpt::reader& r) {
+    config c;
+    c.topk_ratio = r.get<double>();
+    c.select_interval.steps = r.get<std::uint32_t>();
+    c.select_interval.automatic = r.get<std::uint8_t>() != 0;
+    c.update_interval.steps = r.get<std::uint32_t>();
+    c.update_interval.automatic = r.get<std::uint8_t>() != 0;
+    c.full_warm_up_rounds = r.get<std::uint32_t>();
+    c.overlap_step = r.get<std::uint8_t>() != 0;
+    c.auto_ratio = r.get<double>();
+    c.steps_per_epoch = r.get<std::uint32_t>();
+    c.score = score_kind(r.get<std::uint8_t>());
+    c.adam.lr = r.get<float>();
+    c.adam.beta1 = r.get<float>();
+    c.adam.beta2 = r.get<float>();
+    c.adam.eps = r.get<float>();
+    c.adam.weight_decay = r.get<float>();
+    c.adam.mode = adam_mode(r.get<std::uint8_t>());
+    c.max_grad_norm = r.get<double>();
+    c.host_threads = r.get<unsigned>();
+    return c;
+  }
+  template <class Bad>
+  void compare_config(const config& f, Bad bad) const {
+    auto differ = [&](const char* key, auto file, auto here) {
+      if (!(file == here)) bad(std::string("config differs: ") + key + " is " + std::to_string(file) + " in the file, " +
+                               std::to_string(here) + " here");
+    };
+    differ("topk_ratio", f.topk_ratio, cfg_.topk_ratio);
+    differ("select_interval", f.select_interval.automatic ? -1.0 : double(f.select_interval.steps),
+           cfg_.select_interval.automatic ? -1.0 : double(cfg_.select_interval.steps));
+    differ("update_interval", f.update_interval.automatic ? -1.0 : double(f.update_interval.steps),
+           cfg_.update_interval.automatic ? -1.0 : double(cfg_.update_interval.steps));
+    differ("full_warm_up_rounds", f.full_warm_up_rounds, cfg_.full_warm_up_rounds);
+    differ("overlap_step", int(f.overlap_step), int(cfg_.overlap_step));
+    differ("auto_ratio", f.auto_ratio, cfg_.auto_ratio);
+    differ("steps_per_epoch", f.steps_per_epoch, cfg_.steps_per_epoch);
+    differ("score", int(f.score), int(cfg_.score));
+    differ("beta1", f.adam.beta1, cfg_.adam.beta1);
+    differ("beta2", f.adam.beta2, cfg_.adam.beta2);
+    differ("eps", f.adam.eps, cfg_.adam.eps);
+    differ("weight_decay", f.adam.weight_decay, cfg_.adam.weight_decay);
+    differ("adam_mode", int(f.adam.mode), int(cfg_.adam.mode));
+    differ("max_grad_norm", f.max_grad_norm, cfg_.max_grad_norm);
+    if (!(std::isfinite(f.adam.lr) && f.adam.lr >= 0)) bad("config: lr is not finite and >= 0");
+  }
   static const config& checked(const config& c) {
     c.validate();
     return c;

@@ -1,0 +1,255 @@
+// Checkpoints: resume is bit-exact (random configurations, saved at random steps, mid-window and
+// with a host update in flight); corrupt, truncated or mismatched files give clear errors and
+// leave the optimizer unchanged; a storm of non-finite gradients changes nothing.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <tuple>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+#include "optimizer_harness.hpp"
+
+using namespace zenflow;
+using namespace zf_test;
+
+namespace {
+
+std::string temp_path(const std::string& name) { return std::string(ZF_TEST_TMP_DIR) + "/" + name; }
+
+template <class Opt>
+void register_all(Opt& opt, trainer& tr, const scenario& sc) {
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    const auto& m = sc.mats[mi];
+    opt.add_matrix({tr.mp[mi].data(), tr.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+  }
+  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi)
+    opt.add_vector({tr.vp[vi].data(), tr.vgb[vi].data(), sc.vecs[vi].n, sc.vecs[vi].pt, sc.vecs[vi].gt});
+}
+
+template <class Opt>
+void steps(Opt& opt, trainer& tr, int n) {
+  std::vector<std::vector<double>> gm, gv;
+  for (int i = 0; i < n; ++i) opt.step(float(tr.next(gm, gv)));
+}
+
+// Everything observable: the trainer's params, masters and moments, counts, selections, stats.
+struct snapshot {
+  std::vector<std::vector<unsigned char>> params;
+  std::vector<std::vector<float>> state;
+  std::vector<std::vector<std::uint32_t>> counts, selected;
+  std::vector<std::uint64_t> stats;
+  bool operator==(const snapshot&) const = default;
+};
+template <class Opt>
+snapshot take(Opt& opt, const trainer& tr, const scenario& sc) {
+  snapshot s;
+  s.params = tr.mp;
+  for (const auto& v : tr.vp) s.params.push_back(v);
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
+    std::vector<float> a(n), b(n), c(n);
+    opt.copy_master(mi, a.data());
+    opt.copy_exp_avg(mi, b.data());
+    opt.copy_exp_avg_sq(mi, c.data());
+    s.state.push_back(a);
+    s.state.push_back(b);
+    s.state.push_back(c);
+    s.counts.push_back(opt.column_counts(mi));
+    s.selected.push_back(opt.selected_columns(mi));
+  }
+  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
+    std::vector<float> a(sc.vecs[vi].n);
+    opt.copy_vector_master(vi, a.data());
+    s.state.push_back(a);
+  }
+  const optimizer_stats st = opt.stats();
+  s.stats = {st.steps, st.skipped_steps, st.selections, st.host_updates, st.bytes_to_host, st.bytes_to_device,
+             opt.applied_steps()};
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: resume is bit-exact, wherever the run is saved") {
+  const std::string path = temp_path("resume.zfckpt");
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    CAPTURE(seed);
+    const scenario sc = random_scenario(seed);
+    zf_test::rng pick(seed + 1000);
+    const int total = sc.steps, at = 1 + int(pick.below(std::uint64_t(total - 1)));
+    CAPTURE(at);
+    // the uninterrupted run
+    trainer t1(sc);
+    optimizer<> a(sc.cfg);
+    register_all(a, t1, sc);
+    a.initialize();
+    steps(a, t1, total);
+    const snapshot want = take(a, t1, sc);
+    // the same run saved at step `at`, dropped, and resumed by a new optimizer
+    trainer t2(sc);
+    {
+      optimizer<> b(sc.cfg);
+      register_all(b, t2, sc);
+      b.initialize();
+      steps(b, t2, at);
+      b.save(path);
+    }  // the optimizer is gone, and the weights are lost too:
+    for (auto& buf : t2.mp) std::fill(buf.begin(), buf.end(), 0x55);
+    for (auto& buf : t2.vp) std::fill(buf.begin(), buf.end(), 0x55);
+    optimizer<> c(sc.cfg);
+    register_all(c, t2, sc);
+    c.initialize();
+    c.load(path);  // restores the weights as well
+    steps(c, t2, total - at);
+    REQUIRE(take(c, t2, sc) == want);
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("checkpoint: corrupt, truncated or foreign files are refused and change nothing") {
+  const std::string path = temp_path("corrupt.zfckpt"), bad = temp_path("corrupt-bad.zfckpt");
+  scenario sc = random_scenario(3);
+  sc.cfg.overlap_step = true;
+  trainer tr(sc);
+  optimizer<> opt(sc.cfg);
+  register_all(opt, tr, sc);
+  opt.initialize();
+  steps(opt, tr, 9);
+  opt.save(path);
+  steps(opt, tr, 3);  // the optimizer moves on: a successful load would change it
+  const snapshot before = take(opt, tr, sc);
+  std::vector<unsigned char> good;
+  {
+    std::ifstream f(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  auto write = [&](const std::vector<unsigned char>& bytes) {
+    std::ofstream f(bad, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  };
+  auto refused = [&](const std::vector<unsigned char>& bytes, const std::string& why) {
+    CAPTURE(why);
+    write(bytes);
+    std::string msg;
+    try {
+      opt.load(bad);
+    } catch (const checkpoint_error& e) {
+      msg = e.what();
+    }
+    CHECK_MESSAGE(msg.find(why) != std::string::npos, msg);
+    REQUIRE(take(opt, tr, sc) == before);
+  };
+  // truncated at every section boundary (and one byte either side), and inside the header
+  std::vector<std::size_t> cuts = {0, 7, 8, 23};
+  for (std::size_t at = 24; at < good.size();) {
+    std::uint64_t len;
+    std::memcpy(&len, good.data() + at + 8, 8);
+    cuts.insert(cuts.end(), {at, at + 1, at + 15, at + 16, at + 16 + std::size_t(len), at + 16 + std::size_t(len) + 3});
+    at += 16 + std::size_t(len) + 4;
+  }
+  for (std::size_t cut : cuts) {
+    CAPTURE(cut);
+    const std::vector<unsigned char> t(good.begin(), good.begin() + std::ptrdiff_t(cut));
+    refused(t, cut < 24 ? "bad magic" : "truncated");
+  }
+  auto flipped = [&](std::size_t at) {
+    auto b = good;
+    b[at] ^= 0x10;
+    return b;
+  };
+  refused(flipped(0), "bad magic");
+  refused(flipped(8), "format version");
+  refused(flipped(12), "byte order");
+  zf_test::rng r(9);
+  for (int i = 0; i < 40; ++i) {  // a flipped bit anywhere in the sections: a checksum (or a length) catches it
+    const std::size_t at = 24 + std::size_t(r.below(good.size() - 24));
+    CAPTURE(at);
+    write(flipped(at));
+    CHECK_THROWS_AS(opt.load(bad), checkpoint_error);
+    REQUIRE(take(opt, tr, sc) == before);
+  }
+  auto extra = good;
+  extra.push_back(0);
+  refused(extra, "trailing bytes");
+  refused({}, "bad magic");
+  CHECK_THROWS_WITH_AS(opt.load(temp_path("no-such-file")),
+                       doctest::Contains("cannot open the file"), checkpoint_error);
+  REQUIRE(take(opt, tr, sc) == before);
+
+  // a different optimizer: other shapes, or another config
+  {
+    scenario other = sc;
+    other.mats[0].cols += 1;
+    trainer t2(other);
+    optimizer<> o2(other.cfg);
+    register_all(o2, t2, other);
+    o2.initialize();
+    CHECK_THROWS_WITH_AS(o2.load(path), doctest::Contains("matrix 0 is"), checkpoint_error);
+  }
+  {
+    config c2 = sc.cfg;
+    c2.adam.beta2 = 0.95f;
+    trainer t2(sc);
+    optimizer<> o2(c2);
+    register_all(o2, t2, sc);
+    o2.initialize();
+    CHECK_THROWS_WITH_AS(o2.load(path), doctest::Contains("config differs: beta2"), checkpoint_error);
+  }
+  // and the good file still loads
+  opt.load(path);
+  CHECK_FALSE(take(opt, tr, sc) == before);
+  std::remove(path.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST_CASE("a storm of non-finite gradients changes nothing, and is counted") {
+  const std::size_t R = 8, C = 24;
+  auto run = [&](int storm) {
+    std::vector<bfloat16> w(R * C), dw(R * C), b(R), db(R);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = to_bfloat16(float(i % 7) * 0.1f - 0.3f);
+    config cfg;
+    cfg.topk_ratio = 0.25;
+    cfg.update_interval = interval::every(2);
+    cfg.select_interval = interval::every(4);
+    optimizer<> opt(cfg);
+    opt.add_matrix({w.data(), dw.data(), R, C, dtype::bf16, dtype::bf16});
+    opt.add_vector({b.data(), db.data(), R, dtype::bf16, dtype::bf16});
+    opt.initialize();
+    auto set = [&](int s) {
+      for (std::size_t i = 0; i < dw.size(); ++i) dw[i] = to_bfloat16(std::sin(float(i * 3 + std::size_t(s))) * 0.01f);
+      for (std::size_t i = 0; i < db.size(); ++i) db[i] = to_bfloat16(std::cos(float(i + std::size_t(s))) * 0.01f);
+    };
+    auto good = [&](int s) {
+      set(s);
+      CHECK_FALSE(opt.step(256.0f).skipped);
+    };
+    for (int s = 0; s < 7; ++s) good(s);  // stops mid-window, with an update in flight
+    for (int s = 0; s < storm; ++s) {
+      set(100 + s);
+      dw[std::size_t(s) % dw.size()] = to_bfloat16(s % 3 == 0 ? NAN : s % 3 == 1 ? INFINITY : -INFINITY);
+      if (s % 4 == 0) db[0] = to_bfloat16(NAN);
+      CHECK(opt.step(256.0f).skipped);
+    }
+    for (int s = 7; s < 15; ++s) good(s);
+    opt.synchronize();
+    std::vector<float> master(R * C);
+    opt.copy_master(0, master.data());
+    return std::make_tuple(w, b, master, opt.stats());
+  };
+  const auto [w0, b0, m0, s0] = run(0);
+  const auto [w1, b1, m1, s1] = run(50);
+  CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * 2) == 0);
+  CHECK(std::memcmp(b0.data(), b1.data(), b0.size() * 2) == 0);
+  CHECK(m0 == m1);
+  CHECK(s1.skipped_steps == 50);
+  CHECK(s1.steps == s0.steps + 50);
+  CHECK(s1.host_updates == s0.host_updates);
+  CHECK(s1.bytes_to_host == s0.bytes_to_host);
+}
