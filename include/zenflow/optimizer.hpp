@@ -42,6 +42,10 @@ struct optimizer_stats {
   std::uint64_t bytes_to_device = 0;
   double stall_seconds = 0;         // time step() waited for host work
   double host_update_seconds = 0;   // time spent in host updates (foreground or background)
+  // Memory the optimizer holds, by kind (element counts times sizes; 0 before initialize()).
+  std::uint64_t host_pageable_bytes = 0;
+  std::uint64_t host_pinned_bytes = 0;  // page-locked staging (none on the host space)
+  std::uint64_t device_bytes = 0;       // on the device (host memory too, on the host space)
 };
 
 struct step_info {
@@ -179,6 +183,10 @@ class optimizer {
     s.bytes_to_device = transport_.bytes_to_device() - base_to_device_;
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
+    if (initialized_) {
+      s.host_pageable_bytes = host_.bytes_allocated();
+      s.device_bytes = updater_.bytes_allocated();
+    }
     return s;
   }
 
@@ -273,8 +281,8 @@ class optimizer {
       w.bytes(d.exp_avg[d.cur].data(), 4 * ks);
       w.bytes(d.exp_avg_sq[d.cur].data(), 4 * ks);
       w.bytes(d.counts[d.cur].data(), 4 * d.active);
-      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data(), h.acc[1].data()})
-        w.bytes(a, 4 * n);
+      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) w.bytes(a, 4 * n);
+      if (cfg_.overlap_step) w.bytes(h.acc[1].data(), 4 * n);
       w.bytes(h.counts.data(), 4 * p.cols);
       w.bytes(h.param_stage.data(), pb);
       std::vector<unsigned char> params(pb);
@@ -380,7 +388,8 @@ class optimizer {
       const auto active = r.get<std::uint64_t>();
       if (active != 0 && active != updater_.matrix(i).k) bad("matrix " + std::to_string(i) + ": selection size differs");
       const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
-      const std::size_t expect = 8 + 4 * active + 12 * active * p.rows + 4 * active + 20 * n + 4 * p.cols + 2 * pb;
+      const std::size_t accs = cfg_.overlap_step ? 2 : 1;
+      const std::size_t expect = 8 + 4 * active + 12 * active * p.rows + 4 * active + (12 + 4 * accs) * n + 4 * p.cols + 2 * pb;
       if (sec.size != expect) bad("matrix " + std::to_string(i) + " section has the wrong size");
       std::vector<std::uint32_t> cols(active);
       r.bytes(cols.data(), 4 * active);
@@ -416,8 +425,8 @@ class optimizer {
       take(d.exp_avg[0].data(), 4 * ks);
       take(d.exp_avg_sq[0].data(), 4 * ks);
       take(d.counts[0].data(), 4 * d.active);
-      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data(), h.acc[1].data()})
-        take(a, 4 * n);
+      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) take(a, 4 * n);
+      if (cfg_.overlap_step) take(h.acc[1].data(), 4 * n);
       take(h.counts.data(), 4 * p.cols);
       take(h.param_stage.data(), pb);
       space_.copy(p.param, at, pb);
@@ -571,7 +580,7 @@ class optimizer {
       any_selected_ = any_selected_ || k > 0;
     }
     for (const vector_param& p : vectors_) updater_.add_vector(p);
-    host_.allocate();
+    host_.allocate(cfg_.overlap_step);
     updater_.allocate();
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];

@@ -39,7 +39,8 @@ concept transport_policy = requires(T& t, const void* src, void* dst, const std:
 template <class T>
 concept host_accumulator_policy = requires(T& h, const std::uint32_t* list, const adamw_hyper& hyper) {
   { h.add_matrix(std::size_t{}, std::size_t{}, dtype::f32) } -> std::convertible_to<std::size_t>;
-  h.allocate();
+  h.allocate(true);
+  { h.bytes_allocated() } -> std::convertible_to<std::size_t>;
   h.accumulate(std::size_t{}, 0, dtype::f32, list, std::size_t{}, 1.0f);
   h.update(std::size_t{}, 0, list, std::size_t{}, 1.0f, hyper);
   { h.stage_columns(std::size_t{}) } -> std::convertible_to<std::size_t>;
@@ -52,6 +53,7 @@ concept gpu_updater_policy = requires(T& u, Space& space, const matrix_param& m,
   { u.add_matrix(m, std::size_t{}) } -> std::convertible_to<std::size_t>;
   { u.add_vector(v) } -> std::convertible_to<std::size_t>;
   u.allocate();
+  { u.bytes_allocated() } -> std::convertible_to<std::size_t>;
   u.gradient_pass(space);
   u.update(space, 1.0f, hyper);
 };

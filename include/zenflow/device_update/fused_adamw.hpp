@@ -154,6 +154,22 @@ class fused_adamw {
     }
   }
 
+  // Bytes of device memory held: per matrix two slot sets of k columns (fp32 master and moments,
+  // a count and an index each) and per-column statistics (two doubles and a flag); per vector
+  // its fp32 master and moments and per-chunk statistics.
+  std::size_t bytes_allocated() const noexcept {
+    std::size_t b = 0;
+    for (const auto& s : matrices_) {
+      for (int k = 0; k < 2; ++k)
+        b += 4 * (s.columns[k].size() + s.master[k].size() + s.exp_avg[k].size() + s.exp_avg_sq[k].size() +
+                  s.counts[k].size());
+      b += 8 * (s.l1.size() + s.sumsq.size()) + s.bad.size();
+    }
+    for (const auto& v : vectors_)
+      b += 4 * (v.master.size() + v.exp_avg.size() + v.exp_avg_sq.size()) + 8 * v.sumsq.size() + v.bad.size();
+    return b;
+  }
+
   matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
   const matrix_state& matrix(std::size_t i) const noexcept { return matrices_[i]; }
   vector_state& vector(std::size_t i) noexcept { return vectors_[i]; }

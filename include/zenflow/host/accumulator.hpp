@@ -45,8 +45,9 @@ class simd_accumulator {
     return matrices_.size() - 1;
   }
 
-  // Allocates everything (zeroed), masters included; the caller fills them.
-  void allocate() {
+  // Allocates everything (zeroed), masters included; the caller fills them. The second
+  // accumulator exists only when host updates overlap the next window (double_buffer).
+  void allocate(bool double_buffer) {
     std::size_t widest = 0;
     for (auto& s : matrices_) {
       const std::size_t n = s.rows * s.cols;
@@ -55,11 +56,23 @@ class simd_accumulator {
       s.exp_avg_sq = host::host_array<float>(n);
       s.counts = host::host_array<std::uint32_t>(s.cols);
       s.acc[0] = host::host_array<float>(n);
-      s.acc[1] = host::host_array<float>(n);
+      if (double_buffer) s.acc[1] = host::host_array<float>(n);
       s.param_stage = host::host_array<unsigned char>(n * size_of(s.param_type));
       widest = std::max(widest, s.rows);
     }
     stage_ = host::host_array<unsigned char>(std::max(stage_elems, widest) * 4);
+  }
+
+  // Bytes of host memory held (element counts times sizes): per matrix element 4 (master) + 4 + 4
+  // (moments) + 4 per accumulator + the param size (staged copy), 4 per column (count), plus the
+  // bounded gradient staging area.
+  std::size_t bytes_allocated() const noexcept {
+    std::size_t b = stage_.size();
+    for (const auto& s : matrices_)
+      b += 4 * (s.master.size() + s.exp_avg.size() + s.exp_avg_sq.size() + s.acc[0].size() + s.acc[1].size() +
+                s.counts.size()) +
+           s.param_stage.size();
+    return b;
   }
 
   matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
