@@ -2,6 +2,9 @@
 # separate consumer project against it (find_package(zenflow CONFIG REQUIRED)), check that
 # asking for an incompatible version is refused, and build the consumer once more with zenflow
 # as a subproject.
+if(NOT DEFINED CXX_FLAGS)
+  set(CXX_FLAGS "")
+endif()
 foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "install_consumer.cmake: ${v} not set")
@@ -20,7 +23,7 @@ endfunction()
 
 run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
 
@@ -35,7 +38,7 @@ message(STATUS "version 1.0 correctly refused")
 
 # The same consumer with zenflow as a subproject (add_subdirectory / FetchContent style).
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir" -G "${GENERATOR}"
-    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DZF_SOURCE_DIR=${SOURCE_DIR} -DZENFLOW_ENABLE_CUDA=OFF
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DZF_SOURCE_DIR=${SOURCE_DIR} -DZENFLOW_ENABLE_CUDA=OFF
     -DCMAKE_BUILD_TYPE=Release)
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build-subdir")
 run("${WORK_DIR}/build-subdir/consumer")

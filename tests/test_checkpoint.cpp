@@ -253,3 +253,50 @@ TEST_CASE("a storm of non-finite gradients changes nothing, and is counted") {
   CHECK(s1.host_updates == s0.host_updates);
   CHECK(s1.bytes_to_host == s0.bytes_to_host);
 }
+
+TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossible counts are refused") {
+  const std::string path = temp_path("fuzz-regress.zfckpt");
+  std::vector<float> w(6 * 9, 0.5f), g(6 * 9, 0.01f);
+  // topk_ratio 0: no selected columns, empty device arrays (a null pointer with zero length)
+  config cfg;
+  cfg.topk_ratio = 0;
+  cfg.update_interval = interval::every(2);
+  cfg.select_interval = interval::every(2);
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), 6, 9});
+  a.initialize();
+  a.step();
+  a.save(path);
+  optimizer<> b(cfg);
+  std::vector<float> w2(w.size()), g2(g.size());
+  b.add_matrix({w2.data(), g2.data(), 6, 9});
+  b.initialize();
+  b.load(path);
+  CHECK(w2 == w);
+  CHECK(b.column_counts(0) == a.column_counts(0));
+  // a file whose checksums are right but whose Adam counts exceed the applied steps
+  std::vector<unsigned char> img;
+  {
+    std::ifstream f(path, std::ios::binary);
+    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  std::size_t at = 24;
+  for (int s = 0; s < 3; ++s) {  // skip config, layout, counters
+    std::uint64_t len;
+    std::memcpy(&len, img.data() + at + 8, 8);
+    at += 16 + std::size_t(len) + 4;
+  }
+  std::uint64_t len;
+  std::memcpy(&len, img.data() + at + 8, 8);
+  const std::size_t payload = at + 16, n = 6 * 9;
+  // matrix payload: active (0), then host master, moments, accumulator(s), then 9 counts
+  const std::size_t counts_at = payload + 8 + (12 + 4 * 2) * n;  // overlap on: two accumulators
+  const std::uint32_t huge = 0xfffffff0u;
+  std::memcpy(img.data() + counts_at, &huge, 4);
+  const std::uint32_t crc = ckpt::crc32(img.data() + payload, std::size_t(len));
+  std::memcpy(img.data() + payload + len, &crc, 4);
+  CHECK_THROWS_WITH_AS(b.load_image(img.data(), img.size()),
+                       doctest::Contains("an Adam count exceeds the applied steps"), checkpoint_error);
+  CHECK(b.column_counts(0) == a.column_counts(0));
+  std::remove(path.c_str());
+}

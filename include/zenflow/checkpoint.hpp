@@ -62,6 +62,7 @@ class writer {
     bytes(&x, sizeof x);
   }
   void bytes(const void* p, std::size_t n) {
+    if (n == 0) return;  // p may be null for an empty array
     const auto* b = static_cast<const unsigned char*>(p);
     data_.insert(data_.end(), b, b + n);
   }
@@ -83,8 +84,13 @@ class reader {
     return x;
   }
   void bytes(void* out, std::size_t n) {
+    if (n == 0) return;  // out may be null for an empty array
     if (n > n_ - at_) throw checkpoint_error("zenflow checkpoint: " + what_ + " section is truncated");
     std::memcpy(out, p_ + at_, n);
+    at_ += n;
+  }
+  void skip(std::size_t n) {
+    if (n > n_ - at_) throw checkpoint_error("zenflow checkpoint: " + what_ + " section is truncated");
     at_ += n;
   }
   void done() const {
@@ -141,41 +147,45 @@ inline void write_file(const std::string& path, const std::vector<std::pair<std:
 #endif
 }
 
-// Reads and verifies a whole file: header, lengths, checksums. Returns its bytes; `out` points
-// into them.
-inline std::vector<unsigned char> read_file(const std::string& path, std::vector<section>& out) {
-  auto fail = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + path + ": " + why); };
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail("cannot open the file");
-  std::vector<unsigned char> buf;
-  unsigned char chunk[1 << 16];
-  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) buf.insert(buf.end(), chunk, chunk + n);
-  const bool err = std::ferror(f);
-  std::fclose(f);
-  if (err) fail("read error");
-  if (buf.size() < 24 || std::memcmp(buf.data(), magic, 8) != 0) fail("not a zenflow checkpoint (bad magic)");
+// Verifies a checkpoint image: header, lengths, checksums. `out` points into `buf`. `name`
+// (a path) is for the messages.
+inline void parse(const unsigned char* data, std::size_t size, const std::string& name, std::vector<section>& out) {
+  auto fail = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + name + ": " + why); };
+  if (size < 24 || std::memcmp(data, magic, 8) != 0) fail("not a zenflow checkpoint (bad magic)");
   std::uint32_t head[4];
-  std::memcpy(head, buf.data() + 8, 16);
+  std::memcpy(head, data + 8, 16);
   if (head[1] != byte_order) fail("written on a machine of the other byte order");
   if (head[0] != version)
     fail("format version " + std::to_string(head[0]) + ", this build reads version " + std::to_string(version));
   std::size_t at = 24;
   out.clear();
   for (std::uint32_t s = 0; s < head[2]; ++s) {
-    if (buf.size() - at < 16) fail("truncated (section " + std::to_string(s) + " header)");
+    if (size - at < 16) fail("truncated (section " + std::to_string(s) + " header)");
     std::uint32_t th[2];
     std::uint64_t len;
-    std::memcpy(th, buf.data() + at, 8);
-    std::memcpy(&len, buf.data() + at + 8, 8);
+    std::memcpy(th, data + at, 8);
+    std::memcpy(&len, data + at + 8, 8);
     at += 16;
-    if (len > buf.size() - at || buf.size() - at - len < 4) fail("truncated (section " + std::to_string(s) + ")");
+    if (len > size - at || size - at - len < 4) fail("truncated (section " + std::to_string(s) + ")");
     std::uint32_t crc;
-    std::memcpy(&crc, buf.data() + at + len, 4);
-    if (crc32(buf.data() + at, std::size_t(len)) != crc) fail("checksum mismatch in section " + std::to_string(s));
-    out.push_back({th[0], buf.data() + at, std::size_t(len)});
+    std::memcpy(&crc, data + at + len, 4);
+    if (crc32(data + at, std::size_t(len)) != crc) fail("checksum mismatch in section " + std::to_string(s));
+    out.push_back({th[0], data + at, std::size_t(len)});
     at += std::size_t(len) + 4;
   }
-  if (at != buf.size()) fail("trailing bytes after the last section");
+  if (at != size) fail("trailing bytes after the last section");
+}
+
+// Reads a whole file.
+inline std::vector<unsigned char> read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw checkpoint_error("zenflow checkpoint " + path + ": cannot open the file");
+  std::vector<unsigned char> buf;
+  unsigned char chunk[1 << 16];
+  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) buf.insert(buf.end(), chunk, chunk + n);
+  const bool err = std::ferror(f);
+  std::fclose(f);
+  if (err) throw checkpoint_error("zenflow checkpoint " + path + ": read error");
   return buf;
 }
 

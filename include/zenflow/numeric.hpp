@@ -64,9 +64,10 @@ ZF_HD ZF_FORCEINLINE float float_of(std::uint32_t u) noexcept {
 }
 
 // Hide a value from the optimiser. A product passed through this cannot be contracted with a
-// following add into an FMA, whatever -ffp-contract says; it costs no instruction.
+// following add into an FMA, whatever -ffp-contract says; it costs no instruction. (By value:
+// clang cannot tie a register operand to a variable it keeps in memory.)
 template <class T>
-ZF_FORCEINLINE void opaque(T& x) noexcept {
+ZF_FORCEINLINE T opaque(T x) noexcept {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   asm("" : "+x"(x));
 #elif defined(__GNUC__) && defined(__aarch64__)
@@ -75,6 +76,7 @@ ZF_FORCEINLINE void opaque(T& x) noexcept {
   volatile T v = x;
   x = v;
 #endif
+  return x;
 }
 
 }  // namespace detail
@@ -86,18 +88,14 @@ ZF_HD ZF_FORCEINLINE float mul_rn(float a, float b) noexcept {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
-  float r = a * b;
-  detail::opaque(r);
-  return r;
+  return detail::opaque(a * b);
 #endif
 }
 ZF_HD ZF_FORCEINLINE double mul_rn(double a, double b) noexcept {
 #if defined(__CUDA_ARCH__)
   return __dmul_rn(a, b);
 #else
-  double r = a * b;
-  detail::opaque(r);
-  return r;
+  return detail::opaque(a * b);
 #endif
 }
 
@@ -141,9 +139,7 @@ ZF_HD ZF_FORCEINLINE float16 to_float16(float x) noexcept {
 #if defined(__CUDA_ARCH__)
     const float f = __fadd_rn(detail::float_of(a), 0.5f);
 #else
-    float f = detail::float_of(a);
-    detail::opaque(f);
-    f = f + 0.5f;
+    const float f = detail::opaque(detail::float_of(a)) + 0.5f;
 #endif
     h = detail::bits_of(f) - 0x3f000000u;
   }

@@ -315,8 +315,16 @@ class optimizer {
   // naming the problem, and the optimizer is left exactly as it was.
   void load(const std::string& path) {
     if (!initialized_) fail("load() before initialize()");
+    const std::vector<unsigned char> file = ckpt::read_file(path);
+    load_image(file.data(), file.size(), path);
+  }
+
+  // load() from a checkpoint image in memory (a file's bytes); `name` appears in the messages.
+  void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
+    if (!initialized_) fail("load() before initialize()");
+    const std::string& path = name;
     std::vector<ckpt::section> secs;
-    const std::vector<unsigned char> file = ckpt::read_file(path, secs);
+    ckpt::parse(static_cast<const unsigned char*>(data), size, path, secs);
     auto bad = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + path + ": " + why); };
     const std::size_t want = 3 + matrices_.size() + vectors_.size();
     if (secs.size() != want)
@@ -391,11 +399,20 @@ class optimizer {
       const std::size_t accs = cfg_.overlap_step ? 2 : 1;
       const std::size_t expect = 8 + 4 * active + 12 * active * p.rows + 4 * active + (12 + 4 * accs) * n + 4 * p.cols + 2 * pb;
       if (sec.size != expect) bad("matrix " + std::to_string(i) + " section has the wrong size");
-      std::vector<std::uint32_t> cols(active);
+      std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
       r.bytes(cols.data(), 4 * active);
       for (std::size_t s = 0; s < active; ++s)
         if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
           bad("matrix " + std::to_string(i) + ": corrupt column list");
+      // a column's Adam count can never exceed the number of applied steps
+      r.skip(12 * active * p.rows);
+      r.bytes(counts.data(), 4 * active);
+      r.skip((12 + 4 * accs) * n);
+      r.bytes(hcounts.data(), 4 * p.cols);
+      for (auto x : counts)
+        if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
+      for (auto x : hcounts)
+        if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
       mb.push_back({active, sec.data + 8});
     }
     for (std::size_t i = 0; i < vectors_.size(); ++i) {
@@ -403,6 +420,9 @@ class optimizer {
       if (sec.tag != ckpt::vector_tag) bad("section " + std::to_string(3 + matrices_.size() + i) + " should be vector " + std::to_string(i));
       if (sec.size != 12 * vectors_[i].n + 4 + vectors_[i].n * size_of(vectors_[i].param_type))
         bad("vector " + std::to_string(i) + " section has the wrong size");
+      std::uint32_t vc;
+      std::memcpy(&vc, sec.data + 12 * vectors_[i].n, 4);
+      if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
     }
 
     // ---- everything checked: commit (copies only, nothing can fail from here) ----
@@ -415,7 +435,7 @@ class optimizer {
       const std::size_t n = p.rows * p.cols, ks = mb[i].active * p.rows, pb = n * size_of(p.param_type);
       const unsigned char* at = mb[i].at;
       auto take = [&](void* dst, std::size_t bytes) {
-        std::memcpy(dst, at, bytes);
+        if (bytes) std::memcpy(dst, at, bytes);  // dst is null for an empty array
         at += bytes;
       };
       d.cur = 0;
@@ -463,7 +483,6 @@ class optimizer {
     active_acc_ = acc;
     auto_a_ = std::move(aa);
     auto_b_ = std::move(ab);
-    (void)file;
   }
 
  private:

@@ -3,6 +3,10 @@
 
 #include <string_view>
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#  include <cpuid.h>
+#endif
+
 namespace zenflow::host {
 
 // Ordered worst to best. Every tier computes bit-identical results; they differ only in speed.
@@ -23,6 +27,16 @@ constexpr std::string_view name_of(isa t) noexcept {
   return "?";
 }
 
+namespace detail {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+// F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows it.
+inline bool has_f16c() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+}  // namespace detail
+
 // Whether the running CPU (and OS, for the wider register state) can execute a tier.
 inline bool cpu_supports(isa t) noexcept {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -30,11 +44,11 @@ inline bool cpu_supports(isa t) noexcept {
   switch (t) {
     case isa::scalar: return true;
     case isa::sse2: return __builtin_cpu_supports("sse2");
-    case isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case isa::avx2: return __builtin_cpu_supports("avx2") && detail::has_f16c();
     case isa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("f16c");
+             detail::has_f16c();
   }
   return false;
 #else

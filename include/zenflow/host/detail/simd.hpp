@@ -90,8 +90,7 @@ struct simd_common {
     const I a = u & I(0x7fffffff);
     const I nan = I(0x7e00) | ((a >> 13) & I(0x3ff));
     const I normal = (a - I(0x38000000) + I(0xfff) + ((a >> 13) & I(1))) >> 13;
-    F f = bit_cast<float>(a);
-    zenflow::detail::opaque(f);
+    const F f(zenflow::detail::opaque(typename F::register_type(bit_cast<float>(a))));
     const I sub = bit_cast<std::int32_t>(f + F(0.5f)) - I(0x3f000000);
     I h = xsimd::select(a >= I(0x38800000), normal, sub);
     h = xsimd::select(a >= I(0x477ff000), I(0x7c00), h);
@@ -199,9 +198,7 @@ namespace xsimd {
 // The unfused product and the square root of adamw.hpp, for batches (found by ADL).
 template <class A>
 ZF_FORCEINLINE batch<float, A> mul_rn(const batch<float, A>& a, const batch<float, A>& b) noexcept {
-  typename batch<float, A>::register_type r = a * b;
-  zenflow::detail::opaque(r);
-  return batch<float, A>(r);
+  return batch<float, A>(zenflow::detail::opaque(typename batch<float, A>::register_type(a * b)));
 }
 template <class A>
 ZF_FORCEINLINE batch<float, A> sqrt_rn(const batch<float, A>& x) noexcept { return xsimd::sqrt(x); }
