@@ -1,5 +1,5 @@
 // Test harness for the optimizer: trainer-side buffers in any dtype and layout, a gradient
-// generator, and a step-by-step comparison with the reference model of DESIGN.md §3.
+// generator, and a step-by-step comparison with the reference model of the optimizer's rules.
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,7 @@
 // device_adam (everything on the device) and ZenFlow with topk_ratio = 1 are all plain AdamW.
 // They must agree with each other bit for bit (the same float operations in the same order,
 // on different sides) and with a double-precision AdamW within float tolerance. Also the bytes
-// moved, against the closed form of DESIGN.md §3 item 10.
+// moved, against their closed form.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // The ZenFlow optimizer on the host space against the independent double-precision model of
-// DESIGN.md §3 (tests/reference/zenflow_reference.hpp): random configurations, shapes, layouts
+// its rules (tests/reference/zenflow_reference.hpp): random configurations, shapes, layouts
 // and dtypes, tens of steps, every parameter, master, count, selection and byte count compared
 // after every step.
 #include <doctest/doctest.h>

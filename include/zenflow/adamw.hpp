@@ -1,4 +1,4 @@
-// The one definition of the AdamW math (DESIGN.md §3 item 8). Every path — host scalar code,
+// The one definition of the AdamW math. Every path — host scalar code,
 // the SIMD host kernels (F = an xsimd batch), the CUDA kernels — instantiates the templates
 // below, so they evaluate exactly these IEEE operations in this order. Products go through
 // mul_rn and are never fused with an add, so all paths agree bit for bit.
@@ -112,7 +112,7 @@ ZF_HD ZF_FORCEINLINE F scaled_grad(F raw, F mul, F div, bool divide) noexcept {
   return g;
 }
 
-// The host accumulator's per-step update: acc += raw * factor (DESIGN.md §3 item 5).
+// The host accumulator's per-step update: acc += raw * factor.
 template <class F>
 ZF_HD ZF_FORCEINLINE F accumulate_scaled(F acc, F raw, F factor) noexcept {
   return acc + mul_rn(raw, factor);

@@ -1,4 +1,4 @@
-// zenflow::config: every knob of DESIGN.md §3, and validate(), which rejects out-of-range or
+// zenflow::config: every knob of the optimizer, and validate(), which rejects out-of-range or
 // inconsistent values with a message naming the key and the allowed range.
 #pragma once
 
@@ -18,7 +18,7 @@ struct config_error : std::invalid_argument {
 };
 
 // An interval in applied steps, or "auto" (select_interval: one epoch; update_interval:
-// the Zen-auto rule of DESIGN.md §3 item 9).
+// the Zen-auto rule, see optimizer.hpp).
 struct interval {
   std::uint32_t steps = 1;
   bool automatic = false;

@@ -1,4 +1,4 @@
-// zenflow::optimizer: ZenFlow (DESIGN.md §3) written once against an execution space and five
+// zenflow::optimizer: ZenFlow (README.md, "The optimizer") written once against an execution space and five
 // policies. The optimizer owns the schedule — warm-up, windows, selections, boundaries, the
 // Zen-auto rule — and only orders calls on its policies, which own all state.
 //
@@ -38,7 +38,7 @@ struct optimizer_stats {
   std::uint64_t skipped_steps = 0;  // of which skipped for a non-finite gradient
   std::uint64_t selections = 0;
   std::uint64_t host_updates = 0;   // host AdamW passes over the unselected columns (warm-up included)
-  std::uint64_t bytes_to_host = 0;  // device -> host, applied steps only (DESIGN.md §3 item 10)
+  std::uint64_t bytes_to_host = 0;  // device -> host, applied steps only
   std::uint64_t bytes_to_device = 0;
   double stall_seconds = 0;         // time step() waited for host work
   double host_update_seconds = 0;   // time spent in host updates (foreground or background)
@@ -698,7 +698,10 @@ class optimizer {
     pending_ = false;
   }
 
-  // Zen-auto (DESIGN.md §3 item 9): is this step a boundary?
+  // Zen-auto: per matrix with 0 < k < cols, A = mean over the window of (selected L1 mass / k),
+  // B = sum over the window of (unselected L1 mass / (cols - k)); the matrix needs an update when
+  // B >= A. A boundary when at least auto_ratio of the eligible matrices need one (or none is
+  // eligible). Is this step a boundary?
   bool auto_boundary(float factor) {
     if (auto_a_.size() != matrices_.size()) {
       auto_a_.assign(matrices_.size(), 0.0);
@@ -815,7 +818,7 @@ class optimizer {
   std::vector<double> auto_a_, auto_b_;
 };
 
-// Baselines as policy combinations (DESIGN.md §3, last paragraph).
+// Baselines as policy combinations.
 
 // ZeRO-Offload: no column on the device, a host AdamW of everything every step, synchronous.
 template <class Space = host_space>

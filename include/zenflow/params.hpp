@@ -11,7 +11,7 @@ namespace zenflow {
 
 // Storage order of a matrix parameter (rows = output features, cols = input features).
 enum class matrix_layout : std::uint8_t {
-  column_contiguous = 0,  // [cols][rows]: a column is contiguous (DeepSpeed's order, fast path)
+  column_contiguous = 0,  // [cols][rows]: a column is contiguous (the fast path)
   row_major = 1,          // [rows][cols]: PyTorch's default
 };
 

@@ -1,5 +1,5 @@
 // The policy roles of zenflow::optimizer as C++20 concepts: each is a small type the optimizer
-// only orders calls on (DESIGN.md §4).
+// only orders calls on.
 #pragma once
 
 #include <concepts>

@@ -1,4 +1,5 @@
-// A slow, sequential, double-precision model of DESIGN.md §3, written from the text alone: no
+// A slow, sequential, double-precision model of the optimizer's rules (README.md, "The
+// optimizer"), written from that description alone: no
 // library code, no shared helpers beyond the AdamW formula of reference.hpp. It keeps, per matrix
 // column, the optimizer state (master, m, v, count) and the value the trainer sees ("visible"),
 // which with overlap lags a host update until it is published at the next boundary or drain.

@@ -1,5 +1,5 @@
 // Scheduler policy: host work runs on a background thread, at most one job in flight. wait()
-// blocks until the job is done; the blocked time is the stall (DESIGN.md §3 item 6).
+// blocks until the job is done; the blocked time is the stall.
 #pragma once
 
 #include <chrono>

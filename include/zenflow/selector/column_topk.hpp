@@ -1,4 +1,4 @@
-// Selector policies: which columns of a matrix are updated on the device (DESIGN.md §3 item 3).
+// Selector policies: which columns of a matrix are updated on the device.
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// host_space: the "device" side of the optimizer runs on host threads (DESIGN.md §4). It is how
+// host_space: the "device" side of the optimizer runs on host threads. It is how
 // everything is tested without a GPU, and a CPU-only training backend in its own right.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Transport policy for the host space: device and host memory are the same, so a transfer is a
 // memcpy; it still goes through here so that the bytes crossing "the link" are counted exactly
-// as a GPU transport would move them (DESIGN.md §3 item 10).
+// as a GPU transport would move them.
 #pragma once
 
 #include <cstddef>
