@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -10,6 +11,12 @@
 #include <zenflow/host/kernels.hpp>
 
 namespace zf_test {
+
+// ZENFLOW_TEST_QUICK=1 (set by the sanitizer runs of CI, where code runs 5-15x slower): every
+// test still runs, the heaviest with fewer random cases or smaller sizes.
+inline bool quick_mode() { return std::getenv("ZENFLOW_TEST_QUICK") != nullptr; }
+template <class T>
+T full_or_quick(T full, T quick) { return quick_mode() ? quick : full; }
 
 inline std::vector<zenflow::host::isa> available_tiers() {
   using zenflow::host::isa;
