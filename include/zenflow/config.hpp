@@ -2,13 +2,19 @@
 // inconsistent values with a message naming the key and the allowed range.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <cctype>
+#include <string_view>
+#include <thread>
 
 #include "adamw.hpp"
+#include "detail/json.hpp"
 
 namespace zenflow {
 
@@ -86,5 +92,252 @@ struct config {
     return select_interval.automatic ? steps_per_epoch : select_interval.steps;
   }
 };
+
+
+// ---------------------------------------------------------------------------------------------
+// JSON configuration. Two entry points:
+//  - config_from_json(text, base): the "zenflow" block itself, e.g.
+//        {"topk_ratio": 0.1, "select_strategy": "step", "select_interval": 64, "update_interval": 4}
+//    Strict: an unknown key, a wrong type or a bad value throws config_error naming the key.
+//    Keys that are absent keep their value from `base` (by default zenflow's defaults, which
+//    differ from DeepSpeed's: see README).
+//  - config_from_deepspeed_json(text, base): a whole DeepSpeed config. Reads
+//    zero_optimization.zenflow (required) as above, optimizer.params (lr, betas, eps,
+//    weight_decay, adam_w_mode) and gradient_clipping; every other key belongs to DeepSpeed and
+//    is ignored.
+// Both finish with validate(). to_json(c) writes the DeepSpeed-shaped document that
+// config_from_deepspeed_json reads back to an equal config.
+//
+// The zenflow block's keys:
+//   topk_ratio            number in [0, 1]
+//   select_strategy       "step" | "epoch" | "auto"   (absent: "step" for an integer
+//                         select_interval, "auto" for "auto")
+//   select_interval       integer >= 1, or "auto" (only with strategy "auto": S = steps_per_epoch);
+//                         with "epoch", S = select_interval * steps_per_epoch
+//   update_interval       integer >= 1, or "auto"
+//   full_warm_up_rounds   integer >= 0
+//   overlap_step          boolean
+//   auto_ratio            number in (0, 1]
+//   steps_per_epoch       integer >= 0 (>= 1 needed by select_interval "auto" and strategy "epoch")
+//   offload               false only (device moments in host memory are not supported)
+//   pt_reserved_cores_perc number in [0, 1]: host_threads = max(1, round(cores * (1 - p)))
+//   score                 "l1" | "l2sq"        (zenflow's own key)
+//   host_threads          integer >= 0         (zenflow's own key; not with pt_reserved_cores_perc)
+// Integers may be written as integral numbers (3, 3.0, 3e0); 3.5 is an error.
+namespace detail {
+
+[[noreturn]] inline void json_bad(const std::string& key, const std::string& what) {
+  throw config_error("zenflow config: " + key + " " + what);
+}
+
+inline const json::value& json_expect(const json::value& v, json::kind k, const std::string& key) {
+  if (v.type != k)
+    json_bad(key, std::string("must be ") + json::kind_name(k) + ", got " + json::kind_name(v.type) +
+                      (v.type == json::kind::number || v.type == json::kind::string ? " " + v.text : std::string()) +
+                      " (line " + std::to_string(v.line) + ")");
+  return v;
+}
+
+inline double json_number(const json::value& v, const std::string& key) {
+  return json_expect(v, json::kind::number, key).number;
+}
+
+inline std::uint32_t json_uint32(const json::value& v, const std::string& key) {
+  const double x = json_number(v, key);
+  if (!(x >= 0.0 && x <= 4294967295.0 && x == std::floor(x)))
+    json_bad(key, "must be an integer in [0, 4294967295], got " + v.text);
+  return std::uint32_t(x);
+}
+
+inline const std::string& json_string(const json::value& v, const std::string& key) {
+  return json_expect(v, json::kind::string, key).text;
+}
+
+inline json::value json_parse(std::string_view text) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw config_error(std::string("zenflow config: invalid JSON: ") + e.what());
+  }
+}
+
+// Applies a "zenflow" block (an object) to c; `where` prefixes key names in messages.
+inline void apply_zenflow_block(config& c, const json::value& block, const std::string& where) {
+  json_expect(block, json::kind::object, where.empty() ? "the zenflow block" : where);
+  static constexpr std::string_view known[] = {
+      "topk_ratio", "select_strategy", "select_interval", "update_interval", "full_warm_up_rounds",
+      "overlap_step", "auto_ratio", "steps_per_epoch", "offload", "pt_reserved_cores_perc",
+      "score", "host_threads"};
+  for (const auto& k : block.keys) {
+    bool ok = false;
+    for (auto n : known) ok = ok || k == n;
+    if (!ok) {
+      std::string list;
+      for (auto n : known) list += (list.empty() ? "" : ", ") + std::string(n);
+      std::string shown;
+      json::write_string(shown, k);
+      throw config_error("zenflow config: unknown key " + shown + " in " +
+                         (where.empty() ? std::string("the zenflow block") : where) + " (known: " + list + ")");
+    }
+  }
+  auto key = [&](std::string_view k) { return where.empty() ? std::string(k) : where + "." + std::string(k); };
+  const json::value* v;
+  if ((v = block.find("topk_ratio"))) c.topk_ratio = json_number(*v, key("topk_ratio"));
+  if ((v = block.find("update_interval"))) {
+    if (v->type == json::kind::string) {
+      if (v->text != "auto") json_bad(key("update_interval"), "must be an integer or \"auto\", got \"" + v->text + "\"");
+      c.update_interval = interval::auto_();
+    } else {
+      c.update_interval = interval::every(json_uint32(*v, key("update_interval")));
+    }
+  }
+  if ((v = block.find("full_warm_up_rounds"))) c.full_warm_up_rounds = json_uint32(*v, key("full_warm_up_rounds"));
+  if ((v = block.find("overlap_step"))) c.overlap_step = json_expect(*v, json::kind::boolean, key("overlap_step")).boolean;
+  if ((v = block.find("auto_ratio"))) c.auto_ratio = json_number(*v, key("auto_ratio"));
+  if ((v = block.find("steps_per_epoch"))) c.steps_per_epoch = json_uint32(*v, key("steps_per_epoch"));
+  if ((v = block.find("offload")) && json_expect(*v, json::kind::boolean, key("offload")).boolean)
+    json_bad(key("offload"), "= true is not supported (zenflow keeps the device moments on the device)");
+  if ((v = block.find("score"))) {
+    const std::string& s = json_string(*v, key("score"));
+    if (s == "l1") c.score = score_kind::l1;
+    else if (s == "l2sq") c.score = score_kind::l2sq;
+    else json_bad(key("score"), "must be \"l1\" or \"l2sq\", got \"" + s + "\"");
+  }
+  const json::value* threads = block.find("host_threads");
+  const json::value* reserved = block.find("pt_reserved_cores_perc");
+  if (threads && reserved) json_bad(key("host_threads"), "and pt_reserved_cores_perc are exclusive; give one");
+  if (threads) c.host_threads = json_uint32(*threads, key("host_threads"));
+  if (reserved) {
+    const double p = json_number(*reserved, key("pt_reserved_cores_perc"));
+    if (!(p >= 0.0 && p <= 1.0)) json_bad(key("pt_reserved_cores_perc"), "must be in [0, 1], got " + reserved->text);
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    c.host_threads = unsigned(std::max(1.0, std::round(double(cores) * (1.0 - p))));
+  }
+  // Selection: strategy x interval (DeepSpeed's combinations; S = 0, "select once", has no
+  // equivalent and is refused by validate()).
+  const json::value* strategy = block.find("select_strategy");
+  const json::value* sel = block.find("select_interval");
+  if (strategy || sel) {
+    std::string strat;
+    if (strategy) {
+      strat = json_string(*strategy, key("select_strategy"));
+      if (strat != "auto" && strat != "step" && strat != "epoch")
+        json_bad(key("select_strategy"), "must be \"auto\", \"step\" or \"epoch\", got \"" + strat + "\"");
+    }
+    const bool sel_auto = sel && sel->type == json::kind::string;
+    if (sel_auto && sel->text != "auto")
+      json_bad(key("select_interval"), "must be an integer or \"auto\", got \"" + sel->text + "\"");
+    if (strat.empty()) strat = sel_auto ? "auto" : "step";
+    if (strat == "auto") {
+      if (sel && !sel_auto)
+        json_bad(key("select_interval"), "must be \"auto\" with select_strategy \"auto\" (use \"step\" for a fixed interval), got " + sel->text);
+      c.select_interval = interval::auto_();
+    } else {
+      if (!sel) json_bad(key("select_interval"), "must be given (an integer) with select_strategy \"" + strat + "\"");
+      if (sel_auto) json_bad(key("select_interval"), "\"auto\" needs select_strategy \"auto\", got \"" + strat + "\"");
+      const std::uint32_t n = json_uint32(*sel, key("select_interval"));
+      if (strat == "step") {
+        c.select_interval = interval::every(n);
+      } else {
+        if (c.steps_per_epoch < 1) json_bad(key("steps_per_epoch"), "must be >= 1 with select_strategy \"epoch\"");
+        const std::uint64_t s = std::uint64_t(n) * c.steps_per_epoch;
+        if (s > 4294967295u) json_bad(key("select_interval"), "* steps_per_epoch overflows 32 bits");
+        c.select_interval = interval::every(std::uint32_t(s));
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+inline config config_from_json(std::string_view text, config base = {}) {
+  config c = base;
+  detail::apply_zenflow_block(c, detail::json_parse(text), "");
+  c.validate();
+  return c;
+}
+
+
+inline config config_from_deepspeed_json(std::string_view text, config base = {}) {
+  using detail::json::kind;
+  const detail::json::value doc = detail::json_parse(text);
+  detail::json_expect(doc, kind::object, "the DeepSpeed config");
+  config c = base;
+  const detail::json::value* zero = doc.find("zero_optimization");
+  const detail::json::value* block = zero && zero->type == kind::object ? zero->find("zenflow") : nullptr;
+  if (!block) throw config_error("zenflow config: the DeepSpeed config has no zero_optimization.zenflow block (ZenFlow is off in it)");
+  detail::apply_zenflow_block(c, *block, "zero_optimization.zenflow");
+  if (const auto* opt = doc.find("optimizer")) {
+    detail::json_expect(*opt, kind::object, "optimizer");
+    bool adamw = true;
+    if (const auto* type = opt->find("type")) {
+      std::string t = detail::json_string(*type, "optimizer.type");
+      for (auto& ch : t) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      if (t != "adam" && t != "adamw")
+        detail::json_bad("optimizer.type", "must be \"Adam\" or \"AdamW\" (ZenFlow's update is Adam), got \"" + type->text + "\"");
+      // DeepSpeed's "Adam" defaults to adam_w_mode = true, like "AdamW"; params may turn it off
+    }
+    if (const auto* params = opt->find("params")) {
+      detail::json_expect(*params, kind::object, "optimizer.params");
+      static constexpr std::string_view known[] = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam", "bias_correction"};
+      for (const auto& k : params->keys) {
+        bool ok = false;
+        for (auto n : known) ok = ok || k == n;
+        if (!ok) {
+          std::string shown;
+          detail::json::write_string(shown, k);
+          throw config_error("zenflow config: unknown key " + shown + " in optimizer.params (known: lr, betas, eps, weight_decay, adam_w_mode, torch_adam, bias_correction)");
+        }
+      }
+      const detail::json::value* v;
+      if ((v = params->find("lr"))) c.adam.lr = float(detail::json_number(*v, "optimizer.params.lr"));
+      if ((v = params->find("eps"))) c.adam.eps = float(detail::json_number(*v, "optimizer.params.eps"));
+      if ((v = params->find("weight_decay"))) c.adam.weight_decay = float(detail::json_number(*v, "optimizer.params.weight_decay"));
+      if ((v = params->find("betas"))) {
+        detail::json_expect(*v, kind::array, "optimizer.params.betas");
+        if (v->items.size() != 2) detail::json_bad("optimizer.params.betas", "must hold two numbers, got " + std::to_string(v->items.size()));
+        c.adam.beta1 = float(detail::json_number(v->items[0], "optimizer.params.betas[0]"));
+        c.adam.beta2 = float(detail::json_number(v->items[1], "optimizer.params.betas[1]"));
+      }
+      if ((v = params->find("adam_w_mode"))) adamw = detail::json_expect(*v, kind::boolean, "optimizer.params.adam_w_mode").boolean;
+      if ((v = params->find("torch_adam"))) detail::json_expect(*v, kind::boolean, "optimizer.params.torch_adam");  // picks an implementation only
+      if ((v = params->find("bias_correction")) && !detail::json_expect(*v, kind::boolean, "optimizer.params.bias_correction").boolean)
+        detail::json_bad("optimizer.params.bias_correction", "= false is not supported");
+    }
+    c.adam.mode = adamw ? adam_mode::adamw : adam_mode::classic;
+  }
+  if (const auto* clip = doc.find("gradient_clipping")) c.max_grad_norm = detail::json_number(*clip, "gradient_clipping");
+  c.validate();
+  return c;
+}
+
+// The DeepSpeed-shaped document holding every field of c; config_from_deepspeed_json reads it
+// back to an equal config (numbers are written with enough digits to round-trip exactly).
+inline std::string to_json(const config& c) {
+  auto num = [](double x) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", x);
+    return std::string(buf);
+  };
+  auto iv = [](const interval& i) { return i.automatic ? std::string("\"auto\"") : std::to_string(i.steps); };
+  std::string s = "{\n  \"optimizer\": {\"type\": \"AdamW\", \"params\": {";
+  s += "\"lr\": " + num(c.adam.lr) + ", \"betas\": [" + num(c.adam.beta1) + ", " + num(c.adam.beta2) + "], ";
+  s += "\"eps\": " + num(c.adam.eps) + ", \"weight_decay\": " + num(c.adam.weight_decay) + ", ";
+  s += std::string("\"adam_w_mode\": ") + (c.adam.mode == adam_mode::adamw ? "true" : "false") + "}},\n";
+  s += "  \"gradient_clipping\": " + num(c.max_grad_norm) + ",\n";
+  s += "  \"zero_optimization\": {\"zenflow\": {\n";
+  s += "    \"topk_ratio\": " + num(c.topk_ratio) + ",\n";
+  s += std::string("    \"select_strategy\": ") + (c.select_interval.automatic ? "\"auto\"" : "\"step\"") + ",\n";
+  s += "    \"select_interval\": " + iv(c.select_interval) + ",\n";
+  s += "    \"update_interval\": " + iv(c.update_interval) + ",\n";
+  s += "    \"full_warm_up_rounds\": " + std::to_string(c.full_warm_up_rounds) + ",\n";
+  s += std::string("    \"overlap_step\": ") + (c.overlap_step ? "true" : "false") + ",\n";
+  s += "    \"auto_ratio\": " + num(c.auto_ratio) + ",\n";
+  s += "    \"steps_per_epoch\": " + std::to_string(c.steps_per_epoch) + ",\n";
+  s += std::string("    \"score\": ") + (c.score == score_kind::l1 ? "\"l1\"" : "\"l2sq\"") + ",\n";
+  s += "    \"host_threads\": " + std::to_string(c.host_threads) + "\n";
+  s += "  }}\n}\n";
+  return s;
+}
 
 }  // namespace zenflow

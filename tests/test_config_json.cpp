@@ -1,0 +1,295 @@
+// The JSON configuration: the strict JSON reader on known documents and known malformations,
+// the "zenflow" block's keys one by one (each checked against the config field it sets), the
+// DeepSpeed document form, every rejection with its message, and a to_json round trip over
+// random configurations.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <zenflow/config.hpp>
+
+using namespace zenflow;
+namespace json = zenflow::detail::json;
+
+namespace {
+void expect_json_error(const std::string& text, const std::string& msg) {
+  CAPTURE(text);
+  CHECK_THROWS_WITH_AS(config_from_json(text), msg.c_str(), config_error);
+}
+
+bool same(const config& a, const config& b) {
+  return a.topk_ratio == b.topk_ratio && a.select_interval == b.select_interval &&
+         a.update_interval == b.update_interval && a.full_warm_up_rounds == b.full_warm_up_rounds &&
+         a.overlap_step == b.overlap_step && a.auto_ratio == b.auto_ratio &&
+         a.steps_per_epoch == b.steps_per_epoch && a.score == b.score && a.adam.lr == b.adam.lr &&
+         a.adam.beta1 == b.adam.beta1 && a.adam.beta2 == b.adam.beta2 && a.adam.eps == b.adam.eps &&
+         a.adam.weight_decay == b.adam.weight_decay && a.adam.mode == b.adam.mode &&
+         a.max_grad_norm == b.max_grad_norm && a.host_threads == b.host_threads;
+}
+}  // namespace
+
+TEST_CASE("json: values, escapes, numbers and positions") {
+  const json::value v = json::parse(
+      "{\"a\": [1, -0.5, 2e3, 1E-2, 0, true, false, null],\n"
+      " \"s\": \"q\\\"\\\\\\/\\b\\f\\n\\r\\t\\u0041\\u00e9\\ud83d\\ude00\xc3\xa9\",\n"
+      " \"o\": {}}");
+  REQUIRE(v.type == json::kind::object);
+  REQUIRE(v.keys.size() == 3);
+  const json::value& a = *v.find("a");
+  REQUIRE(a.items.size() == 8);
+  CHECK(a.items[0].number == 1.0);
+  CHECK(a.items[1].number == -0.5);
+  CHECK(a.items[2].number == 2000.0);
+  CHECK(a.items[3].number == 0.01);  // both sides are the correctly rounded double of 1/100
+  CHECK(a.items[3].text == "1E-2");
+  CHECK(a.items[5].type == json::kind::boolean);
+  CHECK(a.items[5].boolean);
+  CHECK_FALSE(a.items[6].boolean);
+  CHECK(a.items[7].type == json::kind::null);
+  // U+00E9 is C3 A9 in UTF-8, U+1F600 (the surrogate pair) is F0 9F 98 80
+  CHECK(v.find("s")->text == "q\"\\/\b\f\n\r\tA\xc3\xa9\xf0\x9f\x98\x80\xc3\xa9");
+  CHECK(v.find("s")->line == 2);
+  CHECK(v.find("s")->column == 7);
+  CHECK(v.find("o")->type == json::kind::object);
+  CHECK(v.find("missing") == nullptr);
+  // Tiny magnitudes read as what they round to; huge ones are errors.
+  CHECK(json::parse("1e-400").number == 0.0);
+  CHECK(std::signbit(json::parse("-1e-400").number));
+  CHECK(json::parse("4.9406564584124654e-324").number == std::ldexp(1.0, -1074));
+}
+
+TEST_CASE("json: each malformation is refused with its position") {
+  struct bad {
+    const char* text;
+    const char* msg;
+  };
+  const bad cases[] = {
+      {"", "line 1 column 1: unexpected end of input, expected a value"},
+      {"{\"a\": 1,}", "line 1 column 9: expected a member name in double quotes"},
+      {"[1, 2,]", "line 1 column 7: unexpected character ']'"},
+      {"{\"a\": 1, \"a\": 2}", "line 1 column 13: duplicate key \"a\""},
+      {"{\"a\" 1}", "line 1 column 6: expected ':' after the member name"},
+      {"{\"a\": 1 \"b\": 2}", "line 1 column 9: expected ',' or '}' in an object"},
+      {"[1 2]", "line 1 column 4: expected ',' or ']' in an array"},
+      {"01", "line 1 column 2: leading zero in a number"},
+      {"-", "line 1 column 2: expected digits in a number"},
+      {"1.", "line 1 column 3: expected digits after the decimal point"},
+      {"1e+", "line 1 column 4: expected digits in the exponent"},
+      {"1e400", "line 1 column 6: number out of range: 1e400"},
+      {"+1", "line 1 column 1: unexpected character '+'"},
+      {"tru", "line 1 column 1: invalid literal (expected true)"},
+      {"\"abc", "line 1 column 5: unterminated string"},
+      {"\"a\tb\"", "line 1 column 3: control character in a string (escape it)"},
+      {"\"\\x\"", "line 1 column 4: invalid escape '\\x'"},
+      {"\"\\u12G4\"", "line 1 column 7: invalid hex digit in a \\u escape"},
+      {"\"\\udc00\"", "line 1 column 8: lone low surrogate in a \\u escape"},
+      {"\"\\ud800x\"", "line 1 column 8: high surrogate not followed by a low one"},
+      {"\"\xc0\xaf\"", "line 1 column 2: invalid UTF-8 in a string"},       // overlong '/'
+      {"\"\xed\xa0\x80\"", "line 1 column 2: invalid UTF-8 in a string"},   // encoded surrogate
+      {"\"\xe2\x82\"", "line 1 column 2: invalid UTF-8 in a string"},       // truncated, then quote
+      {"{} x", "line 1 column 4: unexpected text after the JSON value"},
+      {"// c\n{}", "line 1 column 1: unexpected character '/'"},
+      {"{\n\n  \"a\": ?}", "line 3 column 8: unexpected character '?'"},
+      {"\x01", "line 1 column 1: unexpected character '\\x01'"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    CHECK_THROWS_WITH_AS(json::parse(c.text), c.msg, json::parse_error);
+  }
+  // Nesting: 64 levels are fine, 65 are refused (no unbounded recursion on hostile input).
+  CHECK_NOTHROW(json::parse(std::string(63, '[') + std::string(63, ']')));
+  CHECK_THROWS_WITH_AS(json::parse(std::string(100000, '[')),
+                       "line 1 column 65: nesting deeper than 64 levels", json::parse_error);
+}
+
+TEST_CASE("config_from_json: each key sets its field; absent keys keep the base") {
+  const config def{};
+  CHECK(same(config_from_json("{}"), def));
+  config base;
+  base.adam.lr = 3e-4f;
+  base.update_interval = interval::every(2);
+  base.select_interval = interval::every(8);
+  CHECK(same(config_from_json("{}", base), base));
+
+  config c = config_from_json(R"({"topk_ratio": 0.25, "update_interval": 8, "select_strategy": "step",
+      "select_interval": 32, "full_warm_up_rounds": 3.0, "overlap_step": false, "auto_ratio": 0.5,
+      "steps_per_epoch": 100, "offload": false, "score": "l2sq", "host_threads": 6})");
+  CHECK(c.topk_ratio == 0.25);
+  CHECK(c.update_interval == interval::every(8));
+  CHECK(c.select_interval == interval::every(32));
+  CHECK(c.full_warm_up_rounds == 3);  // an integral number written as 3.0 is an integer
+  CHECK_FALSE(c.overlap_step);
+  CHECK(c.auto_ratio == 0.5);
+  CHECK(c.steps_per_epoch == 100);
+  CHECK(c.score == score_kind::l2sq);
+  CHECK(c.host_threads == 6);
+  CHECK(c.adam.lr == def.adam.lr);  // not in the block
+
+  // select_strategy x select_interval
+  c = config_from_json(R"({"select_interval": 16})");
+  CHECK(c.select_interval == interval::every(16));  // no strategy + integer = "step"
+  c = config_from_json(R"({"select_strategy": "auto", "select_interval": "auto", "steps_per_epoch": 40})");
+  CHECK(c.select_interval == interval::auto_());
+  CHECK(c.select_steps() == 40);
+  c = config_from_json(R"({"select_interval": "auto", "steps_per_epoch": 40})");
+  CHECK(c.select_interval == interval::auto_());
+  c = config_from_json(R"({"select_strategy": "auto", "steps_per_epoch": 40})");
+  CHECK(c.select_interval == interval::auto_());
+  c = config_from_json(R"({"select_strategy": "epoch", "select_interval": 3, "steps_per_epoch": 40})");
+  CHECK(c.select_interval == interval::every(120));  // 3 epochs of 40 steps
+  c = config_from_json(R"({"update_interval": "auto", "select_interval": 7})");
+  CHECK(c.update_interval == interval::auto_());
+
+  // pt_reserved_cores_perc: the share of cores left to training
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  c = config_from_json(R"({"pt_reserved_cores_perc": 0.25})");
+  CHECK(c.host_threads == unsigned(std::max(1.0, std::round(cores * 0.75))));
+  c = config_from_json(R"({"pt_reserved_cores_perc": 1})");
+  CHECK(c.host_threads == 1);  // never zero (zero would mean "all cores")
+}
+
+TEST_CASE("config_from_json: the tutorial's block, given the epoch length") {
+  const char* tutorial = R"({
+      "topk_ratio": 0.05, "select_strategy": "auto", "select_interval": "auto",
+      "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": true })";
+  // S = "auto" is one epoch, which only the trainer knows: without it the error says so.
+  expect_json_error(tutorial, "zenflow config: steps_per_epoch must be >= 1 when select_interval is \"auto\", got 0");
+  config base;
+  base.steps_per_epoch = 1000;
+  const config c = config_from_json(tutorial, base);
+  CHECK(c.topk_ratio == 0.05);
+  CHECK(c.select_steps() == 1000);
+  CHECK(c.update_interval == interval::every(4));
+  CHECK(c.overlap_step);
+}
+
+TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named") {
+  expect_json_error("[]", "zenflow config: the zenflow block must be an object, got an array (line 1)");
+  expect_json_error(R"({"topk": 0.1})",
+                    "zenflow config: unknown key \"topk\" in the zenflow block (known: topk_ratio, select_strategy, "
+                    "select_interval, update_interval, full_warm_up_rounds, overlap_step, auto_ratio, "
+                    "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads)");
+  expect_json_error(R"({"topk_ratio": "0.1"})", "zenflow config: topk_ratio must be a number, got a string 0.1 (line 1)");
+  expect_json_error("{\n\"overlap_step\": 1}", "zenflow config: overlap_step must be a boolean, got a number 1 (line 2)");
+  expect_json_error(R"({"topk_ratio": 2})", "zenflow config: topk_ratio must be in [0, 1], got 2.000000");
+  expect_json_error(R"({"update_interval": 2.5})", "zenflow config: update_interval must be an integer in [0, 4294967295], got 2.5");
+  expect_json_error(R"({"update_interval": -1})", "zenflow config: update_interval must be an integer in [0, 4294967295], got -1");
+  expect_json_error(R"({"update_interval": 4294967296})",
+                    "zenflow config: update_interval must be an integer in [0, 4294967295], got 4294967296");
+  expect_json_error(R"({"update_interval": "sometimes"})", "zenflow config: update_interval must be an integer or \"auto\", got \"sometimes\"");
+  expect_json_error(R"({"update_interval": 0})", "zenflow config: update_interval must be >= 1 or \"auto\", got 0");
+  expect_json_error(R"({"select_interval": 6})", "zenflow config: select_interval must be a multiple of update_interval (4), got 6");
+  expect_json_error(R"({"select_interval": 0})", "zenflow config: select_interval must be >= 1 or \"auto\", got 0");
+  expect_json_error(R"({"select_strategy": "often"})", "zenflow config: select_strategy must be \"auto\", \"step\" or \"epoch\", got \"often\"");
+  expect_json_error(R"({"select_strategy": "auto", "select_interval": 8})",
+                    "zenflow config: select_interval must be \"auto\" with select_strategy \"auto\" (use \"step\" for a fixed interval), got 8");
+  expect_json_error(R"({"select_strategy": "step", "select_interval": "auto"})",
+                    "zenflow config: select_interval \"auto\" needs select_strategy \"auto\", got \"step\"");
+  expect_json_error(R"({"select_strategy": "step"})", "zenflow config: select_interval must be given (an integer) with select_strategy \"step\"");
+  expect_json_error(R"({"select_strategy": "epoch", "select_interval": 2})",
+                    "zenflow config: steps_per_epoch must be >= 1 with select_strategy \"epoch\"");
+  expect_json_error(R"({"select_strategy": "epoch", "select_interval": 4294967295, "steps_per_epoch": 2})",
+                    "zenflow config: select_interval * steps_per_epoch overflows 32 bits");
+  expect_json_error(R"({"select_interval": "never"})", "zenflow config: select_interval must be an integer or \"auto\", got \"never\"");
+  expect_json_error(R"({"offload": true})", "zenflow config: offload = true is not supported (zenflow keeps the device moments on the device)");
+  expect_json_error(R"({"score": "l2"})", "zenflow config: score must be \"l1\" or \"l2sq\", got \"l2\"");
+  expect_json_error(R"({"host_threads": 2, "pt_reserved_cores_perc": 0.5})",
+                    "zenflow config: host_threads and pt_reserved_cores_perc are exclusive; give one");
+  expect_json_error(R"({"pt_reserved_cores_perc": 1.5})", "zenflow config: pt_reserved_cores_perc must be in [0, 1], got 1.5");
+  expect_json_error(R"({"auto_ratio": 0})", "zenflow config: auto_ratio must be in (0, 1], got 0.000000");
+  expect_json_error(R"({"topk_ratio": 0.1,})", "zenflow config: invalid JSON: line 1 column 20: expected a member name in double quotes");
+  // A failed parse returns nothing: the caller's config is untouched by construction (the
+  // functions take the base by value).
+}
+
+TEST_CASE("config_from_deepspeed_json: the block, the optimizer and clipping") {
+  const char* ds = R"({
+    "train_batch_size": 8, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-5, "betas": [0.9, 0.95], "eps": 1e-6,
+                                              "weight_decay": 0.1, "torch_adam": true}},
+    "gradient_clipping": 1.0,
+    "zero_optimization": {
+      "stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "zenflow": {"topk_ratio": 0.05, "select_strategy": "step", "select_interval": 16,
+                  "update_interval": 4, "overlap_step": true}
+    }
+  })";
+  const config c = config_from_deepspeed_json(ds);
+  CHECK(c.topk_ratio == 0.05);
+  CHECK(c.select_interval == interval::every(16));
+  CHECK(c.adam.lr == 2e-5f);
+  CHECK(c.adam.beta1 == 0.9f);
+  CHECK(c.adam.beta2 == 0.95f);
+  CHECK(c.adam.eps == 1e-6f);
+  CHECK(c.adam.weight_decay == 0.1f);
+  CHECK(c.adam.mode == adam_mode::adamw);
+  CHECK(c.max_grad_norm == 1.0);
+
+  const config classic = config_from_deepspeed_json(
+      R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}, "zero_optimization": {"zenflow": {}}})");
+  CHECK(classic.adam.mode == adam_mode::classic);
+
+  auto expect_ds_error = [](const std::string& text, const std::string& msg) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(config_from_deepspeed_json(text), msg.c_str(), config_error);
+  };
+  expect_ds_error(R"({"zero_optimization": {"stage": 2}})",
+                  "zenflow config: the DeepSpeed config has no zero_optimization.zenflow block (ZenFlow is off in it)");
+  expect_ds_error(R"({"zero_optimization": {"zenflow": {"topk_ratio": 0.1, "interval": 4}}})",
+                  "zenflow config: unknown key \"interval\" in zero_optimization.zenflow (known: topk_ratio, select_strategy, "
+                  "select_interval, update_interval, full_warm_up_rounds, overlap_step, auto_ratio, "
+                  "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads)");
+  expect_ds_error(R"({"zero_optimization": {"zenflow": {"update_interval": true}}})",
+                  "zenflow config: zero_optimization.zenflow.update_interval must be a number, got a boolean (line 1)");
+  expect_ds_error(R"({"optimizer": {"type": "SGD"}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.type must be \"Adam\" or \"AdamW\" (ZenFlow's update is Adam), got \"SGD\"");
+  expect_ds_error(R"({"optimizer": {"params": {"lr": "auto"}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.lr must be a number, got a string auto (line 1)");
+  expect_ds_error(R"({"optimizer": {"params": {"betas": [0.9]}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.betas must hold two numbers, got 1");
+  expect_ds_error(R"({"optimizer": {"params": {"momentum": 0.9}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: unknown key \"momentum\" in optimizer.params (known: lr, betas, eps, weight_decay, "
+                  "adam_w_mode, torch_adam, bias_correction)");
+  expect_ds_error(R"({"optimizer": {"params": {"bias_correction": false}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.bias_correction = false is not supported");
+  expect_ds_error(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: beta2 must be in [0, 1), got 1.000000");
+  expect_ds_error(R"({"gradient_clipping": -1, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: max_grad_norm must be finite and >= 0 (0 = no clipping), got -1.000000");
+  expect_ds_error("[1]", "zenflow config: the DeepSpeed config must be an object, got an array (line 1)");
+}
+
+TEST_CASE("to_json: random configurations read back equal") {
+  std::mt19937_64 rng(20261122);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  for (int i = 0; i < 2000; ++i) {
+    config c;
+    c.topk_ratio = (i % 7 == 0) ? 0.0 : u01(rng);
+    const std::uint32_t U = 1 + std::uint32_t(rng() % 16);
+    c.update_interval = (i % 5 == 0) ? interval::auto_() : interval::every(U);
+    c.steps_per_epoch = std::uint32_t(rng() % 3) * U * std::uint32_t(1 + rng() % 50);
+    if (i % 3 == 0 && c.steps_per_epoch > 0) c.select_interval = interval::auto_();
+    else c.select_interval = interval::every(U * std::uint32_t(1 + rng() % 100));
+    c.full_warm_up_rounds = std::uint32_t(rng() % 1000);
+    c.overlap_step = rng() & 1;
+    c.auto_ratio = 1.0 - u01(rng) * 0.999;
+    c.score = (rng() & 1) ? score_kind::l1 : score_kind::l2sq;
+    c.adam.lr = float(u01(rng) * 1e-2);
+    c.adam.beta1 = float(u01(rng) * 0.999);
+    c.adam.beta2 = float(u01(rng) * 0.9999);
+    c.adam.eps = float(1e-12 + u01(rng) * 1e-6);
+    c.adam.weight_decay = float(u01(rng));
+    c.adam.mode = (rng() & 1) ? adam_mode::adamw : adam_mode::classic;
+    c.max_grad_norm = (rng() & 1) ? 0.0 : u01(rng) * 10;
+    c.host_threads = unsigned(rng() % 64);
+    REQUIRE_NOTHROW(c.validate());
+    const std::string text = to_json(c);
+    CAPTURE(text);
+    const config back = config_from_deepspeed_json(text);
+    REQUIRE(same(back, c));
+  }
+}
