@@ -106,7 +106,7 @@ TEST_CASE("json: each malformation is refused with its position") {
                        "line 1 column 65: nesting deeper than 64 levels", json::parse_error);
 }
 
-TEST_CASE("config_from_json: each key sets its field; absent keys keep the base") {
+TEST_CASE("config_from_json: each key sets its field, absent keys keep the base") {
   const config def{};
   CHECK(same(config_from_json("{}"), def));
   config base;
