@@ -3,7 +3,8 @@
 // accumulator when host updates overlap + the param size (the staged updated params), 4 per
 // column for the Adam count, plus one bounded gradient staging area. Device: per matrix the k
 // selected columns twice (fp32 master and moments, count and index: a new set is built during a
-// reselection without allocating), per-column statistics, and each vector's state.
+// reselection without allocating), per-column statistics, and each vector's state; with
+// overlap, also the compaction buffer of the unselected gradient columns (the background offload).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -34,7 +35,10 @@ TEST_CASE("stats: memory held follows the closed form") {
     auto dev_matrix = [](std::size_t rows, std::size_t cols, std::size_t k) {
       return 2 * (4 * k + 12 * k * rows + 4 * k) + 17 * cols;
     };
-    const std::size_t device = dev_matrix(R1, C1, 10) + dev_matrix(R2, C2, 5) + 12 * N + 9 * 1;
+    // with overlap, the unselected gradient columns compacted for the background offload:
+    // (cols - k) * rows in the grad dtype (bf16: 2 bytes, f32: 4)
+    const std::size_t compact = overlap ? (C1 - 10) * R1 * 2 + (C2 - 5) * R2 * 4 : 0;
+    const std::size_t device = dev_matrix(R1, C1, 10) + dev_matrix(R2, C2, 5) + 12 * N + 9 * 1 + compact;
     const optimizer_stats st = opt.stats();
     CHECK(st.host_pageable_bytes == host);
     CHECK(st.host_pinned_bytes == 0);

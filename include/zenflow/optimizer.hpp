@@ -67,7 +67,7 @@ class optimizer {
   optimizer& operator=(const optimizer&) = delete;
   ~optimizer() {
     try {
-      scheduler_.wait();
+      quiesce();
     } catch (...) {
     }
   }
@@ -102,6 +102,8 @@ class optimizer {
     } catch (...) {
       host_ = HostAccumulator(cfg_.host_threads);
       updater_ = GpuUpdater{};
+      grad_compact_ = {};
+      async_offload_ = false;
       unselected_.clear();
       all_columns_.clear();
       throw;
@@ -141,6 +143,7 @@ class optimizer {
     }
     if (window_steps_ == 0 && any_selected_ &&
         (!selected_once_ || info.t - last_selection_ >= cfg_.select_steps())) {
+      scheduler_.wait_offload();  // the last step's accumulation reads the column lists
       drain();
       select();
       last_selection_ = info.t;
@@ -148,7 +151,8 @@ class optimizer {
       info.selection = true;
     }
     updater_.update(space_, factor, cfg_.adam);
-    offload(factor);
+    if (async_offload_) offload_async(factor);
+    else offload(factor);
     ++window_steps_;
     if (cfg_.update_interval.automatic ? auto_boundary(factor)
                                        : (info.t - cfg_.full_warm_up_rounds) % cfg_.update_interval.steps == 0) {
@@ -161,7 +165,9 @@ class optimizer {
 
   // Finishes any host update in flight and makes its result visible in the params.
   void synchronize() {
-    if (initialized_) drain();
+    if (!initialized_) return;
+    scheduler_.wait_offload();
+    drain();
   }
 
   void set_lr(float lr) {
@@ -185,7 +191,7 @@ class optimizer {
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     if (initialized_) {
       s.host_pageable_bytes = host_.bytes_allocated();
-      s.device_bytes = updater_.bytes_allocated();
+      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size();
     }
     return s;
   }
@@ -206,7 +212,7 @@ class optimizer {
   }
   std::vector<std::uint32_t> column_counts(std::size_t matrix) {
     check_matrix(matrix);
-    scheduler_.wait();
+    quiesce();
     const auto& hs = host_.matrix(matrix);
     std::vector<std::uint32_t> out(hs.counts.data(), hs.counts.data() + hs.cols);
     const auto& d = updater_.matrix(matrix);
@@ -236,7 +242,7 @@ class optimizer {
   // on I/O failure, with the optimizer unchanged.
   void save(const std::string& path) {
     if (!initialized_) fail("save() before initialize()");
-    scheduler_.wait();
+    quiesce();
     ckpt::writer conf, lay, cnt;
     write_config(conf, cfg_);
     lay.put<std::uint64_t>(matrices_.size());
@@ -426,7 +432,7 @@ class optimizer {
     }
 
     // ---- everything checked: commit (copies only, nothing can fail from here) ----
-    scheduler_.wait();
+    quiesce();
     cfg_.adam.lr = fc.adam.lr;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
@@ -609,6 +615,20 @@ class optimizer {
       load_master(i);
     }
     updater_.load_vectors(space_);
+    if constexpr (Scheduler::concurrent) {
+      if (cfg_.overlap_step) {
+        // Room for the unselected gradient columns of every matrix, compacted on the device so
+        // the offload can run behind the next forward/backward (the grad buffers are free again).
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < matrices_.size(); ++i) {
+          const matrix_param& p = matrices_[i];
+          bytes += (p.cols - updater_.matrix(i).k) * p.rows * size_of(p.grad_type);
+        }
+        grad_compact_ = typename Space::template buffer<unsigned char>(bytes);
+        compact_offset_.assign(matrices_.size(), 0);
+        async_offload_ = true;
+      }
+    }
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
     base_to_device_ = transport_.bytes_to_device();
     base_stall_ = scheduler_.stall_seconds();
@@ -659,6 +679,48 @@ class optimizer {
       gather_grad(i, active_acc_, unselected_[i].data(), unselected_[i].size(), factor);
   }
 
+  // The same offload behind the device: the unselected columns are compacted on the device now
+  // (the trainer may overwrite its grad buffers after step() returns); their transfer and
+  // accumulation run on the scheduler's offload lane, one step in flight. The accumulation is
+  // the same calls in the same order as offload(), so results are identical.
+  void offload_async(float factor) {
+    scheduler_.wait_offload();  // the previous step's transfer still reads the compaction buffer
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      at += unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].grad_type);
+    if (at > grad_compact_.size()) return offload(factor);  // only before a first selection
+    at = 0;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const matrix_param& p = matrices_[i];
+      const auto& un = unselected_[i];
+      space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, un.data(), un.size(),
+                             grad_compact_.data() + at);
+      compact_offset_[i] = at;
+      at += un.size() * p.rows * size_of(p.grad_type);
+    }
+    const int which = active_acc_;
+    scheduler_.launch_offload([this, which, factor] {
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const matrix_param& p = matrices_[i];
+        const auto& un = unselected_[i];
+        const unsigned char* block = grad_compact_.data() + compact_offset_[i];
+        const std::size_t chunk = host_.stage_columns(i);
+        for (std::size_t c0 = 0; c0 < un.size(); c0 += chunk) {
+          const std::size_t m = std::min(chunk, un.size() - c0);
+          transport_.columns_to_host(block, p.grad_type, matrix_layout::column_contiguous, p.rows, un.size(),
+                                     all_columns_[i].data() + c0, m, host_.stage());
+          host_.accumulate(i, which, p.grad_type, un.data() + c0, m, factor);
+        }
+      }
+    });
+  }
+
+  // Every background job finished (nothing applied).
+  void quiesce() {
+    scheduler_.wait_offload();
+    scheduler_.wait();
+  }
+
   void upload(std::size_t i, const std::uint32_t* list, std::size_t n) {
     const matrix_param& p = matrices_[i];
     transport_.columns_to_device(host_.matrix(i).param_stage.data(), p.param_type, p.param, p.layout, p.rows,
@@ -671,6 +733,7 @@ class optimizer {
     const adamw_hyper hyper = cfg_.adam;
     const int which = active_acc_;
     auto job = [this, which, div, hyper] {
+      if (async_offload_) scheduler_.wait_offload_quiet();  // this window's last accumulation
       const auto t0 = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < matrices_.size(); ++i)
         host_.update(i, which, unselected_[i].data(), unselected_[i].size(), div, hyper);
@@ -787,7 +850,7 @@ class optimizer {
   template <class DeviceArray, class HostArray>
   void column_state(std::size_t matrix, float* out, DeviceArray dev, HostArray host) {
     check_matrix(matrix);
-    scheduler_.wait();
+    quiesce();
     const std::size_t rows = matrices_[matrix].rows, cols = matrices_[matrix].cols;
     const float* h = host(host_.matrix(matrix));
     std::copy_n(h, rows * cols, out);
@@ -809,6 +872,9 @@ class optimizer {
   std::vector<extent> extents_;
   std::vector<std::vector<std::uint32_t>> all_columns_, unselected_;
   bool initialized_ = false, any_selected_ = false, selected_once_ = false, pending_ = false;
+  bool async_offload_ = false;
+  typename Space::template buffer<unsigned char> grad_compact_;
+  std::vector<std::size_t> compact_offset_;
   int active_acc_ = 0;
   std::uint64_t applied_ = 0, steps_ = 0, skipped_ = 0, selections_ = 0, host_updates_ = 0;
   std::uint64_t last_selection_ = 0, window_steps_ = 0;

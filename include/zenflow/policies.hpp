@@ -22,6 +22,10 @@ template <class T>
 concept scheduler_policy = requires(T& s) {
   s.launch([] {});
   s.wait();
+  s.launch_offload([] {});
+  s.wait_offload();
+  s.wait_offload_quiet();
+  { T::concurrent } -> std::convertible_to<bool>;
   { s.busy() } -> std::convertible_to<bool>;
   { s.stall_seconds() } -> std::convertible_to<double>;
 };

@@ -1,5 +1,10 @@
-// Scheduler policy: host work runs on a background thread, at most one job in flight. wait()
-// blocks until the job is done; the blocked time is the stall.
+// Scheduler policy: host work runs on background threads, in two lanes of at most one job each.
+//  - the update lane: a window's host AdamW (launch / wait);
+//  - the offload lane: a step's gradient transfer and accumulation (launch_offload /
+//    wait_offload), so that it overlaps the next forward/backward the way a copy stream does.
+// A wait by the training thread that actually blocks is the stall; wait_offload_quiet() is the
+// same wait made by a host job (the update waiting for its window's last accumulation), which
+// the device does not see, so it is not counted.
 #pragma once
 
 #include <chrono>
@@ -8,19 +13,21 @@
 #include <functional>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 
 namespace zenflow {
 
-class bounded_async {
- public:
-  static constexpr bool concurrent = true;
+namespace detail {
 
-  bounded_async() : worker_([this] { run(); }) {}
-  bounded_async(const bounded_async&) = delete;
-  bounded_async& operator=(const bounded_async&) = delete;
-  ~bounded_async() {
+// One background thread running one job at a time.
+class worker_lane {
+ public:
+  worker_lane() : worker_([this] { run(); }) {}
+  worker_lane(const worker_lane&) = delete;
+  worker_lane& operator=(const worker_lane&) = delete;
+  ~worker_lane() {
     {
       std::lock_guard lock(mu_);
       quit_ = true;
@@ -29,33 +36,29 @@ class bounded_async {
     worker_.join();
   }
 
-  // Starts job in the background. The previous job must have been waited for.
-  template <class Job>
-  void launch(Job&& job) {
+  void launch(std::function<void()> job, const char* lane) {
     std::lock_guard lock(mu_);
-    if (job_ || running_) throw std::logic_error("zenflow: bounded_async: a host job is already in flight");
-    job_ = std::function<void()>(std::forward<Job>(job));
+    if (job_ || running_) throw std::logic_error(std::string("zenflow: bounded_async: a ") + lane + " job is already in flight");
+    job_ = std::move(job);
     cv_.notify_all();
   }
 
-  // Blocks until no job is in flight; rethrows what the job threw.
-  void wait() {
+  // Blocks until no job is in flight and returns the seconds blocked; rethrows what the job threw.
+  double wait() {
     std::unique_lock lock(mu_);
+    double blocked = 0;
     if (job_ || running_) {
       const auto t0 = std::chrono::steady_clock::now();
       done_cv_.wait(lock, [&] { return !job_ && !running_; });
-      stall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return blocked;
   }
 
   bool busy() const {
     std::lock_guard lock(mu_);
     return job_ || running_;
-  }
-  double stall_seconds() const {
-    std::lock_guard lock(mu_);
-    return stall_;
   }
 
  private:
@@ -86,8 +89,53 @@ class bounded_async {
   std::function<void()> job_;
   bool running_ = false, quit_ = false;
   std::exception_ptr error_;
-  double stall_ = 0;
   std::thread worker_;  // last: starts after the other members exist
+};
+
+}  // namespace detail
+
+class bounded_async {
+ public:
+  static constexpr bool concurrent = true;
+
+  bounded_async() = default;
+  bounded_async(const bounded_async&) = delete;
+  bounded_async& operator=(const bounded_async&) = delete;
+
+  // Starts a host update in the background. The previous one must have been waited for.
+  template <class Job>
+  void launch(Job&& job) {
+    update_.launch(std::function<void()>(std::forward<Job>(job)), "host update");
+  }
+  // Blocks until no host update is in flight (stall); rethrows what it threw.
+  void wait() { add_stall(update_.wait()); }
+
+  // Starts a step's offload (transfer + accumulation) in the background; one at a time.
+  template <class Job>
+  void launch_offload(Job&& job) {
+    offload_.launch(std::function<void()>(std::forward<Job>(job)), "gradient offload");
+  }
+  // Blocks until no offload is in flight (stall); rethrows what it threw.
+  void wait_offload() { add_stall(offload_.wait()); }
+  // The same wait from a host job: not device idle time, not counted.
+  void wait_offload_quiet() { offload_.wait(); }
+
+  bool busy() const { return update_.busy() || offload_.busy(); }
+  double stall_seconds() const {
+    std::lock_guard lock(mu_);
+    return stall_;
+  }
+
+ private:
+  void add_stall(double s) {
+    std::lock_guard lock(mu_);
+    stall_ += s;
+  }
+
+  mutable std::mutex mu_;
+  double stall_ = 0;
+  // Declared last: destroyed first, so their threads are joined while the rest still exists.
+  detail::worker_lane offload_, update_;
 };
 
 }  // namespace zenflow

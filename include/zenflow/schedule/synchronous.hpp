@@ -17,6 +17,13 @@ class synchronous {
     stall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void wait() noexcept {}
+  // A step's offload, also inline (the optimizer's synchronous path does its offload itself).
+  template <class Job>
+  void launch_offload(Job&& job) {
+    launch(std::forward<Job>(job));
+  }
+  void wait_offload() noexcept {}
+  void wait_offload_quiet() noexcept {}
   bool busy() const noexcept { return false; }
   double stall_seconds() const noexcept { return stall_; }
 

@@ -10,6 +10,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "../host/buffer.hpp"
+#include "../params.hpp"
 
 namespace zenflow {
 
@@ -41,6 +42,13 @@ class host_space {
   // Device memory <-> device memory and host <-> device copies are plain memcpy here.
   static void copy(void* dst, const void* src, std::size_t bytes) noexcept {
     if (bytes) std::memcpy(dst, src, bytes);
+  }
+
+  // Device-side compaction: columns list[0..n) of a device matrix into a compact [n][rows]
+  // device block (what the offload then moves to the host in one piece).
+  static void compact_columns(const void* src, dtype t, matrix_layout layout, std::size_t rows, std::size_t cols,
+                              const std::uint32_t* list, std::size_t n, void* dst) noexcept {
+    detail::gather_columns(src, size_of(t), layout, rows, cols, list, n, dst);
   }
 
  private:
