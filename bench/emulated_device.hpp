@@ -1,0 +1,130 @@
+// The device of bench/pipeline, emulated on the host space: the optimizer, the host kernels,
+// the scheduler and the transport code are the real ones; what a GPU would do is replaced by
+// time during which the "device" is busy without using the CPU (a sleep), and every
+// host<->device copy takes the time a link model gives it.
+//
+//  - emulated_space: host_space whose device-side compaction is modelled (bytes / device
+//    memory bandwidth) instead of being a CPU memcpy.
+//  - emulated_updater: the device-side gradient pass and selective AdamW, modelled the same way
+//    (their values are not computed: every gradient counts as finite, all scores are equal, so
+//    selection takes the lowest column indices).
+//  - emulated_link: host_copy (the real copies and byte counts) plus, per transfer, the link's
+//    latency + bytes / bandwidth, each direction a separate link (PCIe is full duplex). A
+//    transfer's end is tracked on a per-direction clock, so sleep overshoot does not accumulate.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include <zenflow/zenflow.hpp>
+
+namespace zf_bench {
+
+using clock_type = std::chrono::steady_clock;
+
+struct device_model {
+  static inline double memory_gbps = 2000.0;  // device memory bandwidth for device-side passes
+  static inline double link_gbps = 25.0;      // effective host<->device bandwidth per direction
+  static inline double link_latency_us = 10.0;
+  // Seconds the emulated device spent on device-side work (not counting forward/backward).
+  static inline std::atomic<std::uint64_t> device_ns{0};
+  static inline std::atomic<std::uint64_t> link_ns[2] = {0, 0};  // modelled link time per direction
+
+  static void busy_device(double bytes) {
+    const double s = bytes / (memory_gbps * 1e9);
+    device_ns += std::uint64_t(s * 1e9);
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  }
+};
+
+class emulated_space : public zenflow::host_space {
+ public:
+  using host_space::host_space;
+  static void compact_columns(const void*, zenflow::dtype t, zenflow::matrix_layout, std::size_t rows, std::size_t,
+                              const std::uint32_t*, std::size_t n, void*) noexcept {
+    device_model::busy_device(2.0 * double(n * rows * zenflow::size_of(t)));  // read + write
+  }
+};
+
+class emulated_updater : public zenflow::fused_adamw<emulated_space> {
+  using base = zenflow::fused_adamw<emulated_space>;
+
+ public:
+  base::grad_summary gradient_pass(emulated_space&) {
+    double bytes = 0;
+    for (std::size_t i = 0; i < matrices(); ++i) {
+      const auto& s = matrix(i);
+      bytes += double(s.p.rows * s.p.cols * zenflow::size_of(s.p.grad_type));
+    }
+    for (std::size_t i = 0; i < vectors(); ++i) bytes += double(vector(i).p.n * zenflow::size_of(vector(i).p.grad_type));
+    device_model::busy_device(bytes);
+    return {true, 0.0};
+  }
+  void update(emulated_space&, float, const zenflow::adamw_hyper&) {
+    // fp32 master and both moments read and written, the grad read, the param written
+    double bytes = 0;
+    for (std::size_t i = 0; i < matrices(); ++i) {
+      const auto& s = matrix(i);
+      bytes += double(s.active * s.p.rows) * (24.0 + double(zenflow::size_of(s.p.grad_type) + zenflow::size_of(s.p.param_type)));
+    }
+    for (std::size_t i = 0; i < vectors(); ++i)
+      bytes += double(vector(i).p.n) * (24.0 + double(zenflow::size_of(vector(i).p.grad_type) + zenflow::size_of(vector(i).p.param_type)));
+    device_model::busy_device(bytes);
+  }
+};
+
+class emulated_link {
+ public:
+  void columns_to_host(const void* src, zenflow::dtype t, zenflow::matrix_layout layout, std::size_t rows,
+                       std::size_t cols, const std::uint32_t* list, std::size_t n, void* dst) {
+    const auto t0 = clock_type::now();
+    inner_.columns_to_host(src, t, layout, rows, cols, list, n, dst);
+    occupy(0, t0, double(n * rows * zenflow::size_of(t)));
+  }
+  void columns_to_device(const void* block, zenflow::dtype t, void* dst, zenflow::matrix_layout layout,
+                         std::size_t rows, std::size_t cols, const std::uint32_t* list, std::size_t n) {
+    const auto t0 = clock_type::now();
+    inner_.columns_to_device(block, t, dst, layout, rows, cols, list, n);
+    occupy(1, t0, double(n * rows * zenflow::size_of(t)));
+  }
+  void to_host(void* dst, const void* src, std::size_t bytes) {
+    const auto t0 = clock_type::now();
+    inner_.to_host(dst, src, bytes);
+    occupy(0, t0, double(bytes));
+  }
+  void to_device(void* dst, const void* src, std::size_t bytes) {
+    const auto t0 = clock_type::now();
+    inner_.to_device(dst, src, bytes);
+    occupy(1, t0, double(bytes));
+  }
+  std::uint64_t bytes_to_host() const noexcept { return inner_.bytes_to_host(); }
+  std::uint64_t bytes_to_device() const noexcept { return inner_.bytes_to_device(); }
+
+ private:
+  // The transfer occupies direction d from max(its start, the end of the previous transfer) for
+  // latency + bytes / bandwidth; the caller returns when it ends.
+  void occupy(int d, clock_type::time_point start, double bytes) {
+    if (bytes <= 0) return;
+    const double s = device_model::link_latency_us * 1e-6 + bytes / (device_model::link_gbps * 1e9);
+    device_model::link_ns[d] += std::uint64_t(s * 1e9);
+    clock_type::time_point end;
+    {
+      std::lock_guard lock(mu_);
+      const auto begin = std::max(start, free_at_[d]);
+      end = begin + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
+      free_at_[d] = end;
+    }
+    std::this_thread::sleep_until(end);
+  }
+
+  zenflow::host_copy inner_;
+  std::mutex mu_;
+  clock_type::time_point free_at_[2]{};
+};
+
+}  // namespace zf_bench
