@@ -11,6 +11,7 @@
 // compute time, link and host threads.
 //
 //   pipeline [--layers N] [--hidden D] [--ffn F] [--steps M] [--quick] [--out FILE]
+// M (default 64, a multiple of 8) is both the measured span and the select interval.
 #include <sys/prctl.h>
 
 #include <chrono>
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
   const std::size_t layers = std::stoul(arg(argc, argv, "--layers", quick ? "1" : "4"));
   const std::size_t hidden = std::stoul(arg(argc, argv, "--hidden", quick ? "512" : "2048"));
   const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", quick ? "1376" : "5504"));
-  const int steps = std::stoi(arg(argc, argv, "--steps", quick ? "8" : "16"));
+  const int steps = std::stoi(arg(argc, argv, "--steps", quick ? "8" : "64"));  // a multiple of 8
   const std::string out_path = arg(argc, argv, "--out", "");
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
@@ -202,7 +203,8 @@ int main(int argc, char** argv) {
     zenflow::config c;
     c.topk_ratio = p.r;
     c.update_interval = zenflow::interval::every(p.U);
-    c.select_interval = zenflow::interval::every(16);  // one reselection inside the 16 measured steps
+    // the default select interval; the measured span (one select interval) holds one reselection
+    c.select_interval = zenflow::interval::every(std::uint32_t(steps));
     c.overlap_step = true;
     c.host_threads = p.threads;
     const result zf = run<zenflow_opt>(shape, c, compute, 16, steps);
