@@ -64,8 +64,7 @@ class emulated_updater : public zenflow::fused_adamw<emulated_space> {
     }
     for (std::size_t i = 0; i < vectors(); ++i) bytes += double(vector(i).p.n * zenflow::size_of(vector(i).p.grad_type));
     // Fresh random column scores every step: each reselection picks a new random set, so the
-    // bench pays the full cost of columns changing sides (a pessimistic case; real gradients
-    // keep most of their important columns).
+    // bench pays the full cost of nearly all k columns changing sides (the worst case).
     for (std::size_t i = 0; i < matrices(); ++i) {
       auto& s = matrix(i);
       for (std::size_t c = 0; c < s.p.cols; ++c) {

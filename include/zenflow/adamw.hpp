@@ -23,6 +23,7 @@ struct adamw_hyper {
   float eps = 1e-8f;
   float weight_decay = 0.01f;
   adam_mode mode = adam_mode::adamw;
+  friend constexpr bool operator==(const adamw_hyper&, const adamw_hyper&) = default;
 };
 
 // The scalars of one update with Adam count n (the count after incrementing, n >= 1). F is

@@ -54,6 +54,9 @@ struct config {
   // --- resources --------------------------------------------------------------------------
   unsigned host_threads = 0;   // threads of the host arena; 0 = all cores
 
+  // Field by field (numbers compare as values: a NaN field makes configs unequal).
+  friend bool operator==(const config&, const config&) = default;
+
   // Throws config_error naming the first bad key.
   void validate() const {
     auto bad = [](const std::string& key, const std::string& rule, const std::string& got) {
