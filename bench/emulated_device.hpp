@@ -3,13 +3,13 @@
 // time during which the "device" is busy without using the CPU (a sleep), and every
 // host<->device copy takes the time a link model gives it.
 //
-//  - emulated_space: host_space whose device-side compaction is modelled (bytes / device
-//    memory bandwidth) instead of being a CPU memcpy.
+//  - emulated_space: host_space whose device-side column and slot moves are modelled (bytes /
+//    device memory bandwidth) instead of being CPU memcpys (their values are not moved).
 //  - emulated_updater: the device-side gradient pass and selective AdamW, modelled the same way
 //    (their values are not computed: every gradient counts as finite, and the column scores are
 //    random, so every reselection moves columns between host and device).
-//  - emulated_link: host_copy (the real copies and byte counts) plus, per transfer, the link's
-//    latency + bytes / bandwidth, each direction a separate link (PCIe is full duplex). A
+//  - emulated_link: host_copy (the real copies and byte counts) plus, per transfer (a block, or
+//    a piece of a streamed block), the link's latency + bytes / bandwidth, each direction a separate link (PCIe is full duplex). A
 //    transfer's end is tracked on a per-direction clock, so sleep overshoot does not accumulate.
 #pragma once
 
@@ -48,6 +48,14 @@ class emulated_space : public zenflow::host_space {
   static void compact_columns(const void*, zenflow::dtype t, zenflow::matrix_layout, std::size_t rows, std::size_t,
                               const std::uint32_t*, std::size_t n, void*) noexcept {
     device_model::busy_device(2.0 * double(n * rows * zenflow::size_of(t)));  // read + write
+  }
+  static void scatter_columns(const void*, zenflow::dtype t, void*, zenflow::matrix_layout, std::size_t rows,
+                              std::size_t, const std::uint32_t*, std::size_t n) noexcept {
+    device_model::busy_device(2.0 * double(n * rows * zenflow::size_of(t)));
+  }
+  static void move_slots(void*, const std::uint32_t*, const void*, const std::uint32_t*, std::size_t n,
+                         std::size_t width) noexcept {
+    device_model::busy_device(2.0 * double(n * width));
   }
 };
 
@@ -92,30 +100,24 @@ class emulated_updater : public zenflow::fused_adamw<emulated_space> {
 
 class emulated_link {
  public:
-  void columns_to_host(const void* src, zenflow::dtype t, zenflow::matrix_layout layout, std::size_t rows,
-                       std::size_t cols, const std::uint32_t* list, std::size_t n, void* dst) {
-    const auto t0 = clock_type::now();
-    inner_.columns_to_host(src, t, layout, rows, cols, list, n, dst);
-    occupy(0, t0, double(n * rows * zenflow::size_of(t)));
-  }
-  void columns_to_device(const void* block, zenflow::dtype t, void* dst, zenflow::matrix_layout layout,
-                         std::size_t rows, std::size_t cols, const std::uint32_t* list, std::size_t n) {
-    const auto t0 = clock_type::now();
-    inner_.columns_to_device(block, t, dst, layout, rows, cols, list, n);
-    occupy(1, t0, double(n * rows * zenflow::size_of(t)));
-  }
-  // The plain-buffer copies move the state of columns changing sides at a reselection, one
-  // small copy per column and array here; a GPU implementation batches them (one gather and one
-  // transfer per reselection), so they are charged bandwidth only, no per-call latency.
+  // Every transfer is a contiguous block (the optimizer batches column moves), charged latency
+  // plus bytes / bandwidth.
   void to_host(void* dst, const void* src, std::size_t bytes) {
     const auto t0 = clock_type::now();
     inner_.to_host(dst, src, bytes);
-    occupy(0, t0, double(bytes), false);
+    occupy(0, t0, double(bytes));
   }
   void to_device(void* dst, const void* src, std::size_t bytes) {
     const auto t0 = clock_type::now();
     inner_.to_device(dst, src, bytes);
-    occupy(1, t0, double(bytes), false);
+    occupy(1, t0, double(bytes));
+  }
+  template <class Event, class Consume>
+  void stream_to_host(const Event& ready, const void* src, std::size_t bytes, std::size_t chunk, Consume&& consume) {
+    inner_.stream_to_host(ready, src, bytes, chunk, [&](const void* piece, std::size_t off, std::size_t len) {
+      occupy(0, clock_type::now(), double(len));
+      consume(piece, off, len);
+    });
   }
   std::uint64_t bytes_to_host() const noexcept { return inner_.bytes_to_host(); }
   std::uint64_t bytes_to_device() const noexcept { return inner_.bytes_to_device(); }
@@ -123,9 +125,9 @@ class emulated_link {
  private:
   // The transfer occupies direction d from max(its start, the end of the previous transfer) for
   // latency + bytes / bandwidth; the caller returns when it ends.
-  void occupy(int d, clock_type::time_point start, double bytes, bool latency = true) {
+  void occupy(int d, clock_type::time_point start, double bytes) {
     if (bytes <= 0) return;
-    const double s = (latency ? device_model::link_latency_us * 1e-6 : 0.0) + bytes / (device_model::link_gbps * 1e9);
+    const double s = device_model::link_latency_us * 1e-6 + bytes / (device_model::link_gbps * 1e9);
     device_model::link_ns[d] += std::uint64_t(s * 1e9);
     clock_type::time_point end;
     {

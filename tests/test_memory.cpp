@@ -3,8 +3,11 @@
 // accumulator when host updates overlap + the param size (the staged updated params), 4 per
 // column for the Adam count, plus one bounded gradient staging area. Device: per matrix the k
 // selected columns twice (fp32 master and moments, count and index: a new set is built during a
-// reselection without allocating), per-column statistics, and each vector's state; with
-// overlap, also the compaction buffer of the unselected gradient columns (the background offload).
+// reselection without allocating), per-column statistics and two column lists (all, unselected),
+// each vector's state, slot lists for a reselection's plan (4 per selected column of the widest
+// selection), and the device end of chunked transfers (the size of the host staging area); with
+// overlap, also the compaction buffer of the unselected gradient columns (the background
+// offload), each matrix's block rounded up to 256 bytes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -33,12 +36,15 @@ TEST_CASE("stats: memory held follows the closed form") {
     const std::size_t host = stage + ((12 + 4 * accs) * R1 * C1 + 4 * C1 + 2 * R1 * C1) +
                              ((12 + 4 * accs) * R2 * C2 + 4 * C2 + 4 * R2 * C2);
     auto dev_matrix = [](std::size_t rows, std::size_t cols, std::size_t k) {
-      return 2 * (4 * k + 12 * k * rows + 4 * k) + 17 * cols;
+      return 2 * (4 * k + 12 * k * rows + 4 * k) + 17 * cols + 2 * 4 * cols;
     };
     // with overlap, the unselected gradient columns compacted for the background offload:
-    // (cols - k) * rows in the grad dtype (bf16: 2 bytes, f32: 4)
-    const std::size_t compact = overlap ? (C1 - 10) * R1 * 2 + (C2 - 5) * R2 * 4 : 0;
-    const std::size_t device = dev_matrix(R1, C1, 10) + dev_matrix(R2, C2, 5) + 12 * N + 9 * 1 + compact;
+    // (cols - k) * rows in the grad dtype (bf16: 2 bytes, f32: 4): 11520 bytes (a multiple of
+    // 256) and 5400, rounded up to 5632
+    const std::size_t compact = overlap ? 11520 + 5632 : 0;
+    const std::size_t slots = 4 * 4 * 10;
+    const std::size_t device =
+        dev_matrix(R1, C1, 10) + dev_matrix(R2, C2, 5) + 12 * N + 9 * 1 + slots + stage + compact;
     const optimizer_stats st = opt.stats();
     CHECK(st.host_pageable_bytes == host);
     CHECK(st.host_pinned_bytes == 0);

@@ -14,9 +14,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -103,15 +105,32 @@ class optimizer {
       host_ = HostAccumulator(cfg_.host_threads);
       updater_ = GpuUpdater{};
       grad_compact_ = {};
+      dev_stage_ = {};
+      slots_dev_ = {};
+      lists_dev_.clear();
       async_offload_ = false;
       unselected_.clear();
+      selected_.clear();
       all_columns_.clear();
       throw;
     }
     initialized_ = true;
   }
 
+  // initialize() with the device work ordered on `stream` (a cudaStream_t on cuda_space).
+  void initialize(typename Space::stream_type stream) {
+    space_.set_stream(stream);
+    initialize();
+  }
+
   // ---- training ---------------------------------------------------------------------------
+  // step() on `stream`: the optimizer's device work is ordered after what the trainer enqueued
+  // there (its backward) and before what it enqueues next.
+  step_info step(typename Space::stream_type stream, float grad_scale = 1.0f) {
+    space_.set_stream(stream);
+    return step(grad_scale);
+  }
+
   // One optimizer step with the gradients currently in the registered grad buffers, which hold
   // the loss scaled by grad_scale. Returns what happened; a non-finite gradient skips the step.
   step_info step(float grad_scale = 1.0f) {
@@ -191,7 +210,9 @@ class optimizer {
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     if (initialized_) {
       s.host_pageable_bytes = host_.bytes_allocated();
-      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size();
+      if constexpr (requires { transport_.pinned_bytes(); }) s.host_pinned_bytes = transport_.pinned_bytes();
+      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size();
+      for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
     }
     return s;
   }
@@ -216,18 +237,18 @@ class optimizer {
     const auto& hs = host_.matrix(matrix);
     std::vector<std::uint32_t> out(hs.counts.data(), hs.counts.data() + hs.cols);
     const auto& d = updater_.matrix(matrix);
-    for (std::size_t s = 0; s < d.active; ++s) out[d.columns[d.cur][s]] = d.counts[d.cur][s];
+    const std::vector<std::uint32_t> dev = download<std::uint32_t>(d.counts[d.cur].data(), d.active);
+    for (std::size_t s = 0; s < d.active; ++s) out[selected_[matrix][s]] = dev[s];
     return out;
   }
   std::vector<std::uint32_t> selected_columns(std::size_t matrix) const {
     check_matrix(matrix);
-    const auto& d = updater_.matrix(matrix);
-    return std::vector<std::uint32_t>(d.columns[d.cur].data(), d.columns[d.cur].data() + d.active);
+    return selected_[matrix];
   }
-  void copy_vector_master(std::size_t vec, float* out) const {
+  void copy_vector_master(std::size_t vec, float* out) {
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
     const auto& v = updater_.vector(vec);
-    std::copy_n(v.master.data(), v.p.n, out);
+    space_.download(out, v.master.data(), 4 * v.p.n);
   }
 
   Space& space() noexcept { return space_; }
@@ -282,29 +303,30 @@ class optimizer {
       const std::size_t n = p.rows * p.cols, ks = d.active * p.rows, pb = n * size_of(p.param_type);
       ckpt::writer& w = mats[i];
       w.put<std::uint64_t>(d.active);
-      w.bytes(d.columns[d.cur].data(), 4 * d.active);
-      w.bytes(d.master[d.cur].data(), 4 * ks);
-      w.bytes(d.exp_avg[d.cur].data(), 4 * ks);
-      w.bytes(d.exp_avg_sq[d.cur].data(), 4 * ks);
-      w.bytes(d.counts[d.cur].data(), 4 * d.active);
+      w.bytes(selected_[i].data(), 4 * d.active);
+      for (const float* a : {d.master[d.cur].data(), d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) {
+        const auto dev = download<float>(a, ks);
+        w.bytes(dev.data(), 4 * ks);
+      }
+      const auto counts = download<std::uint32_t>(d.counts[d.cur].data(), d.active);
+      w.bytes(counts.data(), 4 * d.active);
       for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) w.bytes(a, 4 * n);
       if (cfg_.overlap_step) w.bytes(h.acc[1].data(), 4 * n);
       w.bytes(h.counts.data(), 4 * p.cols);
       w.bytes(h.param_stage.data(), pb);
-      std::vector<unsigned char> params(pb);
-      space_.copy(params.data(), p.param, pb);
+      const auto params = download(static_cast<const unsigned char*>(p.param), pb);
       w.bytes(params.data(), pb);
     }
     for (std::size_t i = 0; i < vectors_.size(); ++i) {
       const vector_param& p = vectors_[i];
       const auto& v = updater_.vector(i);
       ckpt::writer& w = vecs[i];
-      w.bytes(v.master.data(), 4 * p.n);
-      w.bytes(v.exp_avg.data(), 4 * p.n);
-      w.bytes(v.exp_avg_sq.data(), 4 * p.n);
+      for (const float* a : {v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data()}) {
+        const auto dev = download<float>(a, p.n);
+        w.bytes(dev.data(), 4 * p.n);
+      }
       w.put<std::uint32_t>(v.count);
-      std::vector<unsigned char> params(p.n * size_of(p.param_type));
-      space_.copy(params.data(), p.param, params.size());
+      const auto params = download(static_cast<const unsigned char*>(p.param), p.n * size_of(p.param_type));
       w.bytes(params.data(), params.size());
     }
     std::vector<std::pair<std::uint32_t, const ckpt::writer*>> sections = {
@@ -444,35 +466,37 @@ class optimizer {
         if (bytes) std::memcpy(dst, at, bytes);  // dst is null for an empty array
         at += bytes;
       };
+      auto take_dev = [&](void* dst, std::size_t bytes) {
+        if (bytes) space_.upload(dst, at, bytes);
+        at += bytes;
+      };
       d.cur = 0;
       d.active = mb[i].active;
-      take(d.columns[0].data(), 4 * d.active);
-      take(d.master[0].data(), 4 * ks);
-      take(d.exp_avg[0].data(), 4 * ks);
-      take(d.exp_avg_sq[0].data(), 4 * ks);
-      take(d.counts[0].data(), 4 * d.active);
+      selected_[i].assign(d.active, 0);
+      take(selected_[i].data(), 4 * d.active);
+      if (d.active) space_.upload(d.columns[0].data(), selected_[i].data(), 4 * d.active);
+      take_dev(d.master[0].data(), 4 * ks);
+      take_dev(d.exp_avg[0].data(), 4 * ks);
+      take_dev(d.exp_avg_sq[0].data(), 4 * ks);
+      take_dev(d.counts[0].data(), 4 * d.active);
       for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) take(a, 4 * n);
       if (cfg_.overlap_step) take(h.acc[1].data(), 4 * n);
       take(h.counts.data(), 4 * p.cols);
       take(h.param_stage.data(), pb);
-      space_.copy(p.param, at, pb);
-      auto& un = unselected_[i];
-      un.clear();
-      for (std::size_t col = 0, j = 0; col < p.cols; ++col) {
-        if (j < d.active && d.columns[0][j] == col) ++j;
-        else un.push_back(std::uint32_t(col));
-      }
+      take_dev(p.param, pb);
+      set_unselected(i);
     }
     for (std::size_t i = 0; i < vectors_.size(); ++i) {
       const vector_param& p = vectors_[i];
       auto& v = updater_.vector(i);
       const unsigned char* at = secs[3 + matrices_.size() + i].data;
-      std::memcpy(v.master.data(), at, 4 * p.n);
-      std::memcpy(v.exp_avg.data(), at + 4 * p.n, 4 * p.n);
-      std::memcpy(v.exp_avg_sq.data(), at + 8 * p.n, 4 * p.n);
+      space_.upload(v.master.data(), at, 4 * p.n);
+      space_.upload(v.exp_avg.data(), at + 4 * p.n, 4 * p.n);
+      space_.upload(v.exp_avg_sq.data(), at + 8 * p.n, 4 * p.n);
       std::memcpy(&v.count, at + 12 * p.n, 4);
-      space_.copy(p.param, at + 12 * p.n + 4, p.n * size_of(p.param_type));
+      space_.upload(p.param, at + 12 * p.n + 4, p.n * size_of(p.param_type));
     }
+    space_.fence();  // the uploads read the file image, which the caller may free
     applied_ = c[0];
     steps_ = c[1];
     skipped_ = c[2];
@@ -598,6 +622,7 @@ class optimizer {
   }
 
   void build() {
+    space_.initialize();
     for (const matrix_param& p : matrices_) {
       const std::size_t k = Selector::k(cfg_.topk_ratio, p.cols);
       updater_.add_matrix(p, k);
@@ -607,13 +632,24 @@ class optimizer {
     for (const vector_param& p : vectors_) updater_.add_vector(p);
     host_.allocate(cfg_.overlap_step);
     updater_.allocate();
+    // Device-side column lists ([all columns | unselected columns] per matrix), the swap plans'
+    // slot lists, and the device end of chunked transfers (the host staging area's size).
+    std::size_t stage = 0, max_k = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
+      stage = std::max(stage, host_.stage_columns(i) * p.rows * 4);
+      max_k = std::max(max_k, updater_.matrix(i).k);
       auto& all = all_columns_.emplace_back(p.cols);
       for (std::size_t c = 0; c < p.cols; ++c) all[c] = std::uint32_t(c);
-      unselected_.push_back(all);  // until the first selection every column lives on the host
-      load_master(i);
+      lists_dev_.emplace_back(2 * p.cols);
+      space_.upload(lists_dev_.back().data(), all.data(), 4 * p.cols);
+      selected_.emplace_back();
+      set_unselected(i);  // until the first selection every column lives on the host
     }
+    dev_stage_ = typename Space::template buffer<unsigned char>(stage);
+    slots_dev_ = typename Space::template buffer<std::uint32_t>(4 * max_k);
+    if constexpr (requires { transport_.reserve(space_, stage); }) transport_.reserve(space_, stage);
+    for (std::size_t i = 0; i < matrices_.size(); ++i) load_master(i);
     updater_.load_vectors(space_);
     if constexpr (Scheduler::concurrent) {
       if (cfg_.overlap_step) {
@@ -622,41 +658,75 @@ class optimizer {
         std::size_t bytes = 0;
         for (std::size_t i = 0; i < matrices_.size(); ++i) {
           const matrix_param& p = matrices_[i];
-          bytes += (p.cols - updater_.matrix(i).k) * p.rows * size_of(p.grad_type);
+          bytes += align_up((p.cols - updater_.matrix(i).k) * p.rows * size_of(p.grad_type));
         }
         grad_compact_ = typename Space::template buffer<unsigned char>(bytes);
         compact_offset_.assign(matrices_.size(), 0);
         async_offload_ = true;
       }
     }
+    space_.fence();
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
     base_to_device_ = transport_.bytes_to_device();
     base_stall_ = scheduler_.stall_seconds();
   }
 
-  // Host master of matrix i from its device params, through the staging area in column chunks.
-  void load_master(std::size_t i) {
+  // Blocks in the compaction buffer start 256-byte aligned (any element type, vector loads).
+  static constexpr std::size_t align_up(std::size_t bytes) noexcept { return (bytes + 255) / 256 * 256; }
+
+  const std::uint32_t* all_dev(std::size_t i) const noexcept { return lists_dev_[i].data(); }
+  const std::uint32_t* unselected_dev(std::size_t i) const noexcept { return lists_dev_[i].data() + matrices_[i].cols; }
+
+  // The unselected list of matrix i from its selected list, on the host and on the device.
+  void set_unselected(std::size_t i) {
+    if (unselected_.size() <= i) unselected_.resize(i + 1);
+    const auto& sel = selected_[i];
+    auto& un = unselected_[i];
+    un.clear();
+    for (std::size_t c = 0, j = 0; c < matrices_[i].cols; ++c) {
+      if (j < sel.size() && sel[j] == c) ++j;
+      else un.push_back(std::uint32_t(c));
+    }
+    if (!un.empty()) space_.upload(lists_dev_[i].data() + matrices_[i].cols, un.data(), 4 * un.size());
+  }
+
+  template <class T>
+  std::vector<T> download(const T* src, std::size_t n) {
+    std::vector<T> out(n);
+    if (n) space_.download(out.data(), src, n * sizeof(T));
+    return out;
+  }
+
+  // Columns list[0..n) of a device matrix to the host staging area, chunk by chunk (compacted on
+  // the device, then one transfer each); then(c0, m) consumes columns [c0, c0+m) of the list.
+  template <class Then>
+  void columns_down(std::size_t i, const void* src, dtype t, const std::uint32_t* list_dev, std::size_t n, Then then) {
     const matrix_param& p = matrices_[i];
-    auto& hs = host_.matrix(i);
-    const std::uint32_t* all = all_columns_[i].data();
-    const std::size_t chunk = host_.stage_columns(i);
-    for (std::size_t c0 = 0; c0 < p.cols; c0 += chunk) {
-      const std::size_t n = std::min(chunk, p.cols - c0);
-      transport_.columns_to_host(p.param, p.param_type, p.layout, p.rows, p.cols, all + c0, n, host_.stage());
-      host::convert(host_.arena(), {host_.stage(), p.param_type, hs.master.data() + c0 * p.rows, dtype::f32},
-                    n * p.rows);
+    const std::size_t chunk = host_.stage_columns(i), es = size_of(t);
+    for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
+      const std::size_t m = std::min(chunk, n - c0);
+      space_.compact_columns(src, t, p.layout, p.rows, p.cols, list_dev + c0, m, dev_stage_.data());
+      transport_.to_host(host_.stage(), dev_stage_.data(), m * p.rows * es);
+      then(c0, m);
     }
   }
 
-  // Raw gradient columns list[0..n) of matrix i -> acc[which] += raw * factor, in stage-sized chunks.
-  void gather_grad(std::size_t i, int which, const std::uint32_t* list, std::size_t n, float factor) {
+  // Host master of matrix i from its device params.
+  void load_master(std::size_t i) {
     const matrix_param& p = matrices_[i];
-    const std::size_t chunk = host_.stage_columns(i);
-    for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
-      const std::size_t m = std::min(chunk, n - c0);
-      transport_.columns_to_host(p.grad, p.grad_type, p.layout, p.rows, p.cols, list + c0, m, host_.stage());
+    float* master = host_.matrix(i).master.data();
+    columns_down(i, p.param, p.param_type, all_dev(i), p.cols, [&](std::size_t c0, std::size_t m) {
+      host::convert(host_.arena(), {host_.stage(), p.param_type, master + c0 * p.rows, dtype::f32}, m * p.rows);
+    });
+  }
+
+  // Raw gradient columns list[0..n) of matrix i -> acc[which] += raw * factor.
+  void gather_grad(std::size_t i, int which, const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n,
+                   float factor) {
+    const matrix_param& p = matrices_[i];
+    columns_down(i, p.grad, p.grad_type, list_dev, n, [&](std::size_t c0, std::size_t m) {
       host_.accumulate(i, which, p.grad_type, list + c0, m, factor);
-    }
+    });
   }
 
   // Warm-up: plain ZeRO-Offload. Every column crosses, gets a host AdamW with this step's g
@@ -665,9 +735,9 @@ class optimizer {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const auto& all = all_columns_[i];
-      gather_grad(i, active_acc_, all.data(), all.size(), factor);
+      gather_grad(i, active_acc_, all.data(), all_dev(i), all.size(), factor);
       host_.update(i, active_acc_, all.data(), all.size(), 1.0f, cfg_.adam);
-      upload(i, all.data(), all.size());
+      upload(i, all.data(), all_dev(i), all.size());
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
     host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
@@ -676,41 +746,42 @@ class optimizer {
 
   void offload(float factor) {
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      gather_grad(i, active_acc_, unselected_[i].data(), unselected_[i].size(), factor);
+      gather_grad(i, active_acc_, unselected_[i].data(), unselected_dev(i), unselected_[i].size(), factor);
   }
 
   // The same offload behind the device: the unselected columns are compacted on the device now
-  // (the trainer may overwrite its grad buffers after step() returns); their transfer and
-  // accumulation run on the scheduler's offload lane, one step in flight. The accumulation is
-  // the same calls in the same order as offload(), so results are identical.
+  // (the trainer may overwrite its grad buffers once the device has passed this point); their
+  // transfer and accumulation run on the scheduler's offload lane, one step in flight, starting
+  // when the device reaches the recorded event. The accumulation is the same calls in the same
+  // order as offload(), so results are identical.
   void offload_async(float factor) {
     scheduler_.wait_offload();  // the previous step's transfer still reads the compaction buffer
     std::size_t at = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      at += unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].grad_type);
+      at += align_up(unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].grad_type));
     if (at > grad_compact_.size()) return offload(factor);  // only before a first selection
     at = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
       const auto& un = unselected_[i];
-      space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, un.data(), un.size(),
+      space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, unselected_dev(i), un.size(),
                              grad_compact_.data() + at);
       compact_offset_[i] = at;
-      at += un.size() * p.rows * size_of(p.grad_type);
+      at += align_up(un.size() * p.rows * size_of(p.grad_type));
     }
+    space_.record(compacted_);
     const int which = active_acc_;
     scheduler_.launch_offload([this, which, factor] {
       for (std::size_t i = 0; i < matrices_.size(); ++i) {
         const matrix_param& p = matrices_[i];
         const auto& un = unselected_[i];
-        const unsigned char* block = grad_compact_.data() + compact_offset_[i];
-        const std::size_t chunk = host_.stage_columns(i);
-        for (std::size_t c0 = 0; c0 < un.size(); c0 += chunk) {
-          const std::size_t m = std::min(chunk, un.size() - c0);
-          transport_.columns_to_host(block, p.grad_type, matrix_layout::column_contiguous, p.rows, un.size(),
-                                     all_columns_[i].data() + c0, m, host_.stage());
-          host_.accumulate(i, which, p.grad_type, un.data() + c0, m, factor);
-        }
+        const std::size_t col_bytes = p.rows * size_of(p.grad_type);
+        transport_.stream_to_host(compacted_, grad_compact_.data() + compact_offset_[i], un.size() * col_bytes,
+                                  host_.stage_columns(i) * col_bytes,
+                                  [&](const void* piece, std::size_t off, std::size_t len) {
+                                    host_.accumulate_from(piece, i, which, p.grad_type, un.data() + off / col_bytes,
+                                                          len / col_bytes, factor);
+                                  });
       }
     });
   }
@@ -721,10 +792,19 @@ class optimizer {
     scheduler_.wait();
   }
 
-  void upload(std::size_t i, const std::uint32_t* list, std::size_t n) {
+  // The host's staged params of columns list[0..n) of matrix i into the device params: gathered
+  // on the host into the staging area, one transfer per chunk, scattered on the device.
+  void upload(std::size_t i, const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n) {
     const matrix_param& p = matrices_[i];
-    transport_.columns_to_device(host_.matrix(i).param_stage.data(), p.param_type, p.param, p.layout, p.rows,
-                                 p.cols, list, n);
+    const std::size_t chunk = host_.stage_columns(i), cb = p.rows * size_of(p.param_type);
+    const unsigned char* staged = host_.matrix(i).param_stage.data();
+    auto* st = static_cast<unsigned char*>(host_.stage());
+    for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
+      const std::size_t m = std::min(chunk, n - c0);
+      for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * cb, staged + std::size_t(list[c0 + k]) * cb, cb);
+      transport_.to_device(dev_stage_.data(), st, m * cb);
+      space_.scatter_columns(dev_stage_.data(), p.param_type, p.param, p.layout, p.rows, p.cols, list_dev + c0, m);
+    }
   }
 
   // End of a window: host AdamW on every unselected column with the window mean.
@@ -757,7 +837,8 @@ class optimizer {
   void drain() {
     scheduler_.wait();
     if (!pending_) return;
-    for (std::size_t i = 0; i < matrices_.size(); ++i) upload(i, unselected_[i].data(), unselected_[i].size());
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      upload(i, unselected_[i].data(), unselected_dev(i), unselected_[i].size());
     pending_ = false;
   }
 
@@ -770,14 +851,15 @@ class optimizer {
       auto_a_.assign(matrices_.size(), 0.0);
       auto_b_.assign(matrices_.size(), 0.0);
     }
+    updater_.fetch_scores(space_, score_kind::l1);
     std::size_t eligible = 0, needing = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const auto& d = updater_.matrix(i);
-      const std::size_t k = d.active, cols = matrices_[i].cols;
+      const std::size_t k = selected_[i].size(), cols = matrices_[i].cols;
       if (k == 0 || k == cols) continue;
+      const double* l1 = updater_.scores(i, score_kind::l1);
       double sel = 0, all = 0;
-      for (std::size_t s = 0; s < k; ++s) sel += d.l1[d.columns[d.cur][s]];
-      for (std::size_t c = 0; c < cols; ++c) all += d.l1[c];
+      for (std::size_t s = 0; s < k; ++s) sel += l1[selected_[i][s]];
+      for (std::size_t c = 0; c < cols; ++c) all += l1[c];
       const double f = double(factor);
       auto_a_[i] += f * sel / double(k);
       auto_b_[i] += f * (all - sel) / double(cols - k);
@@ -787,64 +869,109 @@ class optimizer {
     return eligible == 0 || double(needing) >= cfg_.auto_ratio * double(eligible);
   }
 
-  // Picks the new columns of every matrix from this step's scores and swaps their state.
+  // Picks the new columns of every matrix from this step's scores and swaps their state. The
+  // updater may select on the device (cuda_space's top-k for column_topk); otherwise the
+  // Selector runs on the host over the scores.
   void select() {
-    std::vector<std::uint32_t> chosen;
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      auto& d = updater_.matrix(i);
-      if (d.k == 0) continue;
-      chosen.resize(d.k);
-      const double* scores = cfg_.score == score_kind::l1 ? d.l1.data() : d.sumsq.data();
-      Selector::select(scores, matrices_[i].cols, d.k, chosen.data());
-      swap_columns(i, chosen);
+    std::vector<std::vector<std::uint32_t>> chosen(matrices_.size());
+    bool done = false;
+    if constexpr (requires { updater_.select_topk(space_, cfg_.score, chosen); }) {
+      if constexpr (std::is_same_v<Selector, column_topk>) {
+        updater_.select_topk(space_, cfg_.score, chosen);
+        done = true;
+      }
     }
+    if (!done) {
+      if constexpr (Selector::needs_scores) updater_.fetch_scores(space_, cfg_.score);
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const std::size_t k = updater_.matrix(i).k;
+        if (k == 0) continue;
+        chosen[i].resize(k);
+        Selector::select(Selector::needs_scores ? updater_.scores(i, cfg_.score) : nullptr, matrices_[i].cols, k,
+                         chosen[i].data());
+      }
+    }
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      if (updater_.matrix(i).k) swap_columns(i, chosen[i]);
     ++selections_;
   }
 
   // Columns that leave hand their fp32 master, moments and count to the host; columns that join
-  // take theirs from the host; columns that stay move between the two device slot sets.
+  // take theirs from the host; columns that stay move between the two device slot sets. Planned
+  // on the host, then carried out in bulk: device-side slot moves, and one transfer per chunk
+  // and array for each direction (12*rows + 4 bytes per column changing sides).
   void swap_columns(std::size_t i, const std::vector<std::uint32_t>& next) {
     auto& d = updater_.matrix(i);
     auto& hs = host_.matrix(i);
-    const std::size_t rows = matrices_[i].rows, bytes = rows * 4;
+    const std::size_t rows = matrices_[i].rows;
     const int cur = d.cur, nxt = cur ^ 1;
-    const std::uint32_t* old = d.columns[cur].data();
-    const std::size_t nold = d.active;
-    // leaving
-    for (std::size_t s = 0, j = 0; s < nold; ++s) {
+    const std::vector<std::uint32_t>& old = selected_[i];
+    // plan: leave_slot/leave_col, stay_src/stay_dst, join_slot/join_col
+    std::vector<std::uint32_t> slots, leave_col, join_col;
+    std::vector<std::uint32_t> leave_slot, stay_src, stay_dst, join_slot;
+    for (std::size_t s = 0, j = 0; s < old.size(); ++s) {
       while (j < next.size() && next[j] < old[s]) ++j;
       if (j < next.size() && next[j] == old[s]) continue;
-      const std::size_t c = old[s];
-      transport_.to_host(hs.master.data() + c * rows, d.master[cur].data() + s * rows, bytes);
-      transport_.to_host(hs.exp_avg.data() + c * rows, d.exp_avg[cur].data() + s * rows, bytes);
-      transport_.to_host(hs.exp_avg_sq.data() + c * rows, d.exp_avg_sq[cur].data() + s * rows, bytes);
-      transport_.to_host(hs.counts.data() + c, d.counts[cur].data() + s, 4);
+      leave_slot.push_back(std::uint32_t(s));
+      leave_col.push_back(old[s]);
     }
-    // the new slot set
     for (std::size_t s = 0, j = 0; s < next.size(); ++s) {
-      const std::size_t c = next[s];
-      while (j < nold && old[j] < c) ++j;
-      d.columns[nxt][s] = std::uint32_t(c);
-      if (j < nold && old[j] == c) {
-        space_.copy(d.master[nxt].data() + s * rows, d.master[cur].data() + j * rows, bytes);
-        space_.copy(d.exp_avg[nxt].data() + s * rows, d.exp_avg[cur].data() + j * rows, bytes);
-        space_.copy(d.exp_avg_sq[nxt].data() + s * rows, d.exp_avg_sq[cur].data() + j * rows, bytes);
-        space_.copy(d.counts[nxt].data() + s, d.counts[cur].data() + j, 4);
+      while (j < old.size() && old[j] < next[s]) ++j;
+      if (j < old.size() && old[j] == next[s]) {
+        stay_src.push_back(std::uint32_t(j));
+        stay_dst.push_back(std::uint32_t(s));
       } else {
-        transport_.to_device(d.master[nxt].data() + s * rows, hs.master.data() + c * rows, bytes);
-        transport_.to_device(d.exp_avg[nxt].data() + s * rows, hs.exp_avg.data() + c * rows, bytes);
-        transport_.to_device(d.exp_avg_sq[nxt].data() + s * rows, hs.exp_avg_sq.data() + c * rows, bytes);
-        transport_.to_device(d.counts[nxt].data() + s, hs.counts.data() + c, 4);
+        join_slot.push_back(std::uint32_t(s));
+        join_col.push_back(next[s]);
       }
     }
+    const std::size_t nl = leave_slot.size(), ns = stay_src.size(), nj = join_slot.size();
+    for (const auto* v : {&leave_slot, &stay_src, &stay_dst, &join_slot}) slots.insert(slots.end(), v->begin(), v->end());
+    if (!slots.empty()) space_.upload(slots_dev_.data(), slots.data(), 4 * slots.size());
+    const std::uint32_t* leave_dev = slots_dev_.data();
+    const std::uint32_t* src_dev = leave_dev + nl;
+    const std::uint32_t* dst_dev = src_dev + ns;
+    const std::uint32_t* join_dev = dst_dev + ns;
+
+    float* dev_cur[3] = {d.master[cur].data(), d.exp_avg[cur].data(), d.exp_avg_sq[cur].data()};
+    float* dev_nxt[3] = {d.master[nxt].data(), d.exp_avg[nxt].data(), d.exp_avg_sq[nxt].data()};
+    float* host_arr[3] = {hs.master.data(), hs.exp_avg.data(), hs.exp_avg_sq.data()};
+    auto* st = static_cast<unsigned char*>(host_.stage());
+    const std::size_t chunk = host_.stage_columns(i);
+    // staying columns change slot set on the device
+    for (int a = 0; a < 3; ++a) space_.move_slots(dev_nxt[a], dst_dev, dev_cur[a], src_dev, ns, 4 * rows);
+    space_.move_slots(d.counts[nxt].data(), dst_dev, d.counts[cur].data(), src_dev, ns, 4);
+    // leaving: gathered on the device, one transfer, scattered into the host arrays
+    for (std::size_t c0 = 0; c0 < nl; c0 += chunk) {
+      const std::size_t m = std::min(chunk, nl - c0);
+      for (int a = 0; a < 3; ++a) {
+        space_.move_slots(dev_stage_.data(), nullptr, dev_cur[a], leave_dev + c0, m, 4 * rows);
+        transport_.to_host(st, dev_stage_.data(), m * rows * 4);
+        for (std::size_t k = 0; k < m; ++k)
+          std::memcpy(host_arr[a] + std::size_t(leave_col[c0 + k]) * rows, st + k * rows * 4, rows * 4);
+      }
+      space_.move_slots(dev_stage_.data(), nullptr, d.counts[cur].data(), leave_dev + c0, m, 4);
+      transport_.to_host(st, dev_stage_.data(), m * 4);
+      for (std::size_t k = 0; k < m; ++k) std::memcpy(hs.counts.data() + leave_col[c0 + k], st + k * 4, 4);
+    }
+    // joining: gathered on the host, one transfer, scattered into the new device slots
+    for (std::size_t c0 = 0; c0 < nj; c0 += chunk) {
+      const std::size_t m = std::min(chunk, nj - c0);
+      for (int a = 0; a < 3; ++a) {
+        for (std::size_t k = 0; k < m; ++k)
+          std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
+        transport_.to_device(dev_stage_.data(), st, m * rows * 4);
+        space_.move_slots(dev_nxt[a], join_dev + c0, dev_stage_.data(), nullptr, m, 4 * rows);
+      }
+      for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * 4, hs.counts.data() + join_col[c0 + k], 4);
+      transport_.to_device(dev_stage_.data(), st, m * 4);
+      space_.move_slots(d.counts[nxt].data(), join_dev + c0, dev_stage_.data(), nullptr, m, 4);
+    }
+    if (!next.empty()) space_.upload(d.columns[nxt].data(), next.data(), 4 * next.size());
     d.cur = nxt;
     d.active = next.size();
-    auto& un = unselected_[i];
-    un.clear();
-    for (std::size_t c = 0, j = 0; c < matrices_[i].cols; ++c) {
-      if (j < next.size() && next[j] == c) ++j;
-      else un.push_back(std::uint32_t(c));
-    }
+    selected_[i] = next;
+    set_unselected(i);
   }
 
   template <class DeviceArray, class HostArray>
@@ -855,9 +982,9 @@ class optimizer {
     const float* h = host(host_.matrix(matrix));
     std::copy_n(h, rows * cols, out);
     auto& d = updater_.matrix(matrix);
-    const float* dv = dev(d, d.cur);
+    const std::vector<float> dv = download<float>(dev(d, d.cur), d.active * rows);
     for (std::size_t s = 0; s < d.active; ++s)
-      std::copy_n(dv + s * rows, rows, out + std::size_t(d.columns[d.cur][s]) * rows);
+      std::copy_n(dv.data() + s * rows, rows, out + std::size_t(selected_[matrix][s]) * rows);
   }
 
   config cfg_;
@@ -870,10 +997,14 @@ class optimizer {
   std::vector<matrix_param> matrices_;
   std::vector<vector_param> vectors_;
   std::vector<extent> extents_;
-  std::vector<std::vector<std::uint32_t>> all_columns_, unselected_;
+  // host mirrors of each matrix's column lists: all, unselected, selected (ascending)
+  std::vector<std::vector<std::uint32_t>> all_columns_, unselected_, selected_;
   bool initialized_ = false, any_selected_ = false, selected_once_ = false, pending_ = false;
   bool async_offload_ = false;
-  typename Space::template buffer<unsigned char> grad_compact_;
+  typename Space::template buffer<unsigned char> grad_compact_, dev_stage_;
+  std::vector<typename Space::template buffer<std::uint32_t>> lists_dev_;
+  typename Space::template buffer<std::uint32_t> slots_dev_;
+  typename Space::event compacted_;
   std::vector<std::size_t> compact_offset_;
   int active_acc_ = 0;
   std::uint64_t applied_ = 0, steps_ = 0, skipped_ = 0, selections_ = 0, host_updates_ = 0;

@@ -38,6 +38,21 @@ inline void gather_columns(const void* src, std::size_t es, matrix_layout layout
     }
   }
 }
+
+// The inverse: block column k goes to column list[k] of the matrix.
+inline void scatter_columns(const void* block, std::size_t es, void* dst, matrix_layout layout, std::size_t rows,
+                            std::size_t cols, const std::uint32_t* list, std::size_t n) noexcept {
+  const auto* in = static_cast<const unsigned char*>(block);
+  auto* out = static_cast<unsigned char*>(dst);
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t c = list[k];
+    if (layout == matrix_layout::column_contiguous) {
+      std::memcpy(out + c * rows * es, in + k * rows * es, rows * es);
+    } else {
+      for (std::size_t i = 0; i < rows; ++i) std::memcpy(out + (i * cols + c) * es, in + (k * rows + i) * es, es);
+    }
+  }
+}
 }  // namespace detail
 
 struct matrix_param {

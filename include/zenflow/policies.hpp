@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "adamw.hpp"
+#include "config.hpp"
 #include "params.hpp"
 
 namespace zenflow {
@@ -30,10 +31,11 @@ concept scheduler_policy = requires(T& s) {
   { s.stall_seconds() } -> std::convertible_to<double>;
 };
 
+// Moves contiguous blocks between device and host memory and counts the bytes (column gathers
+// and scatters are device-side work of the Space). A transport may also have
+// reserve(space, chunk_bytes), called once by initialize() with the largest piece it will move.
 template <class T>
-concept transport_policy = requires(T& t, const void* src, void* dst, const std::uint32_t* list) {
-  t.columns_to_host(src, dtype::f32, matrix_layout::row_major, std::size_t{}, std::size_t{}, list, std::size_t{}, dst);
-  t.columns_to_device(src, dtype::f32, dst, matrix_layout::row_major, std::size_t{}, std::size_t{}, list, std::size_t{});
+concept transport_policy = requires(T& t, const void* src, void* dst) {
   t.to_host(dst, src, std::size_t{});
   t.to_device(dst, src, std::size_t{});
   { t.bytes_to_host() } -> std::convertible_to<std::uint64_t>;
@@ -41,11 +43,12 @@ concept transport_policy = requires(T& t, const void* src, void* dst, const std:
 };
 
 template <class T>
-concept host_accumulator_policy = requires(T& h, const std::uint32_t* list, const adamw_hyper& hyper) {
+concept host_accumulator_policy = requires(T& h, const void* src, const std::uint32_t* list, const adamw_hyper& hyper) {
   { h.add_matrix(std::size_t{}, std::size_t{}, dtype::f32) } -> std::convertible_to<std::size_t>;
   h.allocate(true);
   { h.bytes_allocated() } -> std::convertible_to<std::size_t>;
   h.accumulate(std::size_t{}, 0, dtype::f32, list, std::size_t{}, 1.0f);
+  h.accumulate_from(src, std::size_t{}, 0, dtype::f32, list, std::size_t{}, 1.0f);
   h.update(std::size_t{}, 0, list, std::size_t{}, 1.0f, hyper);
   { h.stage_columns(std::size_t{}) } -> std::convertible_to<std::size_t>;
   { h.stage() } -> std::convertible_to<void*>;
@@ -60,6 +63,8 @@ concept gpu_updater_policy = requires(T& u, Space& space, const matrix_param& m,
   { u.bytes_allocated() } -> std::convertible_to<std::size_t>;
   u.gradient_pass(space);
   u.update(space, 1.0f, hyper);
+  u.fetch_scores(space, score_kind::l1);
+  { u.scores(std::size_t{}, score_kind::l1) } -> std::convertible_to<const double*>;
 };
 
 }  // namespace zenflow

@@ -14,6 +14,29 @@ namespace zenflow::device {
 
 ZF_HD ZF_FORCEINLINE bool is_finite(float x) noexcept { return x - x == 0.0f; }
 
+// The gradient pass's sums have one canonical evaluation order, which both spaces follow, so
+// the column scores and the clipping norm are bit-identical on the host and on a GPU (and the
+// two select the same columns):
+//  - a column (or a vector chunk) of n values: lane j in [0, 32) sums values j, j+32, j+64, ...
+//    in order; then the 32 lane sums are combined by lane_tree (what a warp's shuffle-down
+//    reduction computes);
+//  - the global sum of squares: per group of 32 consecutive columns of a matrix (or chunks of a
+//    vector) the lane_tree of their sums (absent columns count as 0), these group partials listed
+//    matrix after matrix, then vector after vector; entry e goes to lane e % 256, each lane sums
+//    its entries in order, and the 256 lane sums are combined by lane_tree.
+// Every term (|x| and x*x of a float, in double) is exact; only the additions round, and they
+// happen in this order everywhere.
+inline constexpr unsigned column_lanes = 32;
+inline constexpr unsigned total_lanes = 256;
+
+// v[j] += v[j + off] for off = lanes/2, ..., 1; the result is v[0].
+template <class T>
+ZF_HD ZF_FORCEINLINE T lane_tree(T* v, unsigned lanes) noexcept {
+  for (unsigned off = lanes / 2; off > 0; off /= 2)
+    for (unsigned j = 0; j < off; ++j) v[j] = v[j] + v[j + off];
+  return v[0];
+}
+
 // Statistics of one column of the raw gradient: L1, sum of squares, any non-finite value.
 template <class G>
 struct column_stats_fn {
@@ -24,21 +47,25 @@ struct column_stats_fn {
   double* sumsq;
   unsigned char* bad;
   ZF_HD void operator()(std::size_t c) const {
-    double a = 0, q = 0;
+    double a[column_lanes], q[column_lanes];
+    for (unsigned j = 0; j < column_lanes; ++j) a[j] = q[j] = 0.0;
     bool finite = true;
-    for (std::size_t i = 0; i < rows; ++i) {
-      const float x = to_float(grad[element_offset(layout, rows, cols, i, c)]);
-      finite = finite && is_finite(x);
-      a += x < 0 ? -double(x) : double(x);
-      q += double(x) * double(x);
+    for (std::size_t i0 = 0; i0 < rows; i0 += column_lanes) {
+      const unsigned m = rows - i0 < column_lanes ? unsigned(rows - i0) : column_lanes;
+      for (unsigned j = 0; j < m; ++j) {
+        const float x = to_float(grad[element_offset(layout, rows, cols, i0 + j, c)]);
+        finite = finite && is_finite(x);
+        a[j] += x < 0 ? -double(x) : double(x);
+        q[j] += double(x) * double(x);
+      }
     }
-    l1[c] = a;
-    sumsq[c] = q;
+    l1[c] = lane_tree(a, column_lanes);
+    sumsq[c] = lane_tree(q, column_lanes);
     bad[c] = finite ? 0 : 1;
   }
 };
 
-// Statistics of one chunk of a vector's raw gradient.
+// Statistics of one chunk of a vector's raw gradient (the chunk is summed like a column).
 template <class G>
 struct chunk_stats_fn {
   const G* grad;
@@ -46,18 +73,45 @@ struct chunk_stats_fn {
   double* sumsq;
   unsigned char* bad;
   ZF_HD void operator()(std::size_t k) const {
-    double q = 0;
+    double q[column_lanes];
+    for (unsigned j = 0; j < column_lanes; ++j) q[j] = 0.0;
     bool finite = true;
-    const std::size_t end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
-    for (std::size_t i = k * chunk; i < end; ++i) {
+    const std::size_t begin = k * chunk, end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+    for (std::size_t i = begin; i < end; ++i) {
       const float x = to_float(grad[i]);
       finite = finite && is_finite(x);
-      q += double(x) * double(x);
+      q[(i - begin) % column_lanes] += double(x) * double(x);
     }
-    sumsq[k] = q;
+    sumsq[k] = lane_tree(q, column_lanes);
     bad[k] = finite ? 0 : 1;
   }
 };
+
+// Group partials of per-column (or per-chunk) sums: out[g] = lane_tree of sums[32g .. 32g+32).
+inline void group_partials(const double* sums, std::size_t n, double* out) noexcept {
+  for (std::size_t g = 0; g * column_lanes < n; ++g) {
+    double v[column_lanes];
+    for (unsigned j = 0; j < column_lanes; ++j) v[j] = g * column_lanes + j < n ? sums[g * column_lanes + j] : 0.0;
+    out[g] = lane_tree(v, column_lanes);
+  }
+}
+
+// The global sum of the group partials in the canonical order.
+inline double canonical_total(const double* partials, std::size_t n) noexcept {
+  double v[total_lanes] = {};
+  for (std::size_t e = 0; e < n; ++e) v[e % total_lanes] += partials[e];
+  return lane_tree(v, total_lanes);
+}
+
+// The AdamW of element e = s*rows + i of a selected column slot s (column c), with the slot's
+// coefficients: the one per-element body of the selective update on every space.
+template <class P, class G>
+ZF_HD ZF_FORCEINLINE void column_adamw_element(P* param, const G* grad, float* master, float* exp_avg,
+                                               float* exp_avg_sq, std::size_t e, std::size_t at, float factor,
+                                               const adamw_coeffs& co) noexcept {
+  adamw_update(master[e], exp_avg[e], exp_avg_sq[e], mul_rn(to_float(grad[at]), factor), co);
+  param[at] = from_float<P>(master[e]);
+}
 
 // AdamW on selected column slot s of a matrix: the fp32 master, moments and count of the slot
 // live in compact [k][rows] device arrays; the param and gradient in the trainer's layout.
@@ -77,11 +131,9 @@ struct column_adamw_fn {
   ZF_HD void operator()(std::size_t s) const {
     const std::size_t c = columns[s];
     const adamw_coeffs co = make_coeffs(hyper, counts[s] + 1u);
-    for (std::size_t i = 0; i < rows; ++i) {
-      const std::size_t at = element_offset(layout, rows, cols, i, c), e = s * rows + i;
-      adamw_update(master[e], exp_avg[e], exp_avg_sq[e], mul_rn(to_float(grad[at]), factor), co);
-      param[at] = from_float<P>(master[e]);
-    }
+    for (std::size_t i = 0; i < rows; ++i)
+      column_adamw_element(param, grad, master, exp_avg, exp_avg_sq, s * rows + i,
+                           element_offset(layout, rows, cols, i, c), factor, co);
     counts[s] += 1u;
   }
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../adamw.hpp"
+#include "../config.hpp"
 #include "../host/kernel_table.hpp"
 #include "../params.hpp"
 #include "functors.hpp"
@@ -59,6 +60,7 @@ class fused_adamw {
   }
 
   void allocate() {
+    std::size_t ngroups = 0;
     for (auto& s : matrices_) {
       for (int b = 0; b < 2; ++b) {
         s.columns[b] = buffer<std::uint32_t>(s.k);
@@ -70,6 +72,7 @@ class fused_adamw {
       s.l1 = buffer<double>(s.p.cols);
       s.sumsq = buffer<double>(s.p.cols);
       s.bad = buffer<unsigned char>(s.p.cols);
+      ngroups += groups(s.p.cols);
     }
     for (auto& v : vectors_) {
       v.master = buffer<float>(v.p.n);
@@ -78,7 +81,9 @@ class fused_adamw {
       const std::size_t chunks = (v.p.n + vector_chunk - 1) / vector_chunk;
       v.sumsq = buffer<double>(chunks);
       v.bad = buffer<unsigned char>(chunks);
+      ngroups += groups(chunks);
     }
+    partials_ = std::vector<double>(ngroups);
   }
 
   // The vectors' fp32 masters start as their params.
@@ -92,8 +97,9 @@ class fused_adamw {
       });
   }
 
-  // One pass over every gradient: per-column L1 and sum of squares, non-finite flags; the totals
-  // are combined in a fixed order, so they do not depend on the thread count.
+  // One pass over every gradient: per-column L1 and sum of squares, non-finite flags; the total
+  // sum of squares in the canonical order of functors.hpp (the same bits on every space and
+  // thread count).
   grad_summary gradient_pass(Space& space) {
     for (auto& s : matrices_)
       visit_dtype(s.p.grad_type, [&](auto gtag) {
@@ -109,17 +115,26 @@ class fused_adamw {
                                                                      vector_chunk, v.sumsq.data(), v.bad.data()});
       });
     grad_summary r{true, 0.0};
-    for (auto& s : matrices_)
-      for (std::size_t c = 0; c < s.p.cols; ++c) {
-        r.finite = r.finite && !s.bad[c];
-        r.sumsq += s.sumsq[c];
-      }
-    for (auto& v : vectors_)
-      for (std::size_t k = 0; k < v.sumsq.size(); ++k) {
-        r.finite = r.finite && !v.bad[k];
-        r.sumsq += v.sumsq[k];
-      }
+    std::size_t at = 0;
+    for (auto& s : matrices_) {
+      for (std::size_t c = 0; c < s.p.cols; ++c) r.finite = r.finite && !s.bad[c];
+      device::group_partials(s.sumsq.data(), s.p.cols, partials_.data() + at);
+      at += groups(s.p.cols);
+    }
+    for (auto& v : vectors_) {
+      for (std::size_t k = 0; k < v.sumsq.size(); ++k) r.finite = r.finite && !v.bad[k];
+      device::group_partials(v.sumsq.data(), v.sumsq.size(), partials_.data() + at);
+      at += groups(v.sumsq.size());
+    }
+    r.sumsq = device::canonical_total(partials_.data(), at);
     return r;
+  }
+
+  // This step's column scores of matrix i in host memory: fetch_scores() makes them readable
+  // (a copy on a GPU space, nothing here), scores() points at them.
+  void fetch_scores(Space&, score_kind) {}
+  const double* scores(std::size_t i, score_kind kind) const noexcept {
+    return kind == score_kind::l1 ? matrices_[i].l1.data() : matrices_[i].sumsq.data();
   }
 
   // AdamW of every vector (always) and of the selected columns of every matrix.
@@ -178,6 +193,9 @@ class fused_adamw {
   std::size_t vectors() const noexcept { return vectors_.size(); }
 
  private:
+  static std::size_t groups(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
+
+  std::vector<double> partials_;  // host scratch of the total (8 bytes per 32 columns)
   std::vector<matrix_state> matrices_;
   std::vector<vector_state> vectors_;
 };

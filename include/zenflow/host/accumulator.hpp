@@ -89,8 +89,13 @@ class simd_accumulator {
   // acc[which] columns list[0..n) += grad * factor, grad compact in the staging area.
   void accumulate(std::size_t i, int which, dtype grad_type, const std::uint32_t* list, std::size_t n,
                   float factor) {
+    accumulate_from(stage_.data(), i, which, grad_type, list, n, factor);
+  }
+  // The same from a compact [n][rows] block anywhere in host memory.
+  void accumulate_from(const void* block, std::size_t i, int which, dtype grad_type, const std::uint32_t* list,
+                       std::size_t n, float factor) {
     auto& s = matrices_[i];
-    host::accumulate_job j{s.acc[which].data(), stage_.data(), grad_type, factor, s.rows, list};
+    host::accumulate_job j{s.acc[which].data(), block, grad_type, factor, s.rows, list};
     host::accumulate(*arena_, j, n * s.rows, host::best_isa(), s.cols);
   }
 

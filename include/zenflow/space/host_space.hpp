@@ -39,16 +39,43 @@ class host_space {
     });
   }
 
-  // Device memory <-> device memory and host <-> device copies are plain memcpy here.
+  // ---- the primitives the optimizer orders (a GPU space enqueues them on its stream) ----------
+  struct no_stream {};
+  using stream_type = no_stream;  // host work is ordered by the calling thread
+  struct event {};                // a point in the device's work (nothing to wait for here)
+  void initialize() {}            // a GPU space checks its device here
+  void set_stream(stream_type) noexcept {}
+  void record(event&) noexcept {}
+  void fence() noexcept {}  // every device operation ordered so far has finished
+
+  // Device -> device copy.
   static void copy(void* dst, const void* src, std::size_t bytes) noexcept {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  // Device -> host memory, complete on return; host -> device, the host buffer reusable on
+  // return. Control data only (column lists, checkpoints): the bytes of training traffic go
+  // through the Transport, which counts them.
+  static void download(void* host_dst, const void* src, std::size_t bytes) noexcept { copy(host_dst, src, bytes); }
+  static void upload(void* dst, const void* host_src, std::size_t bytes) noexcept { copy(dst, host_src, bytes); }
 
-  // Device-side compaction: columns list[0..n) of a device matrix into a compact [n][rows]
-  // device block (what the offload then moves to the host in one piece).
+  // Columns list[0..n) of a device matrix into a compact [n][rows] device block (list in device
+  // memory), and back: the block's columns into the listed columns of a matrix.
   static void compact_columns(const void* src, dtype t, matrix_layout layout, std::size_t rows, std::size_t cols,
                               const std::uint32_t* list, std::size_t n, void* dst) noexcept {
     detail::gather_columns(src, size_of(t), layout, rows, cols, list, n, dst);
+  }
+  static void scatter_columns(const void* block, dtype t, void* dst, matrix_layout layout, std::size_t rows,
+                              std::size_t cols, const std::uint32_t* list, std::size_t n) noexcept {
+    detail::scatter_columns(block, size_of(t), dst, layout, rows, cols, list, n);
+  }
+  // Fixed-width slots (a selected column's state): dst[dst_slot[k]] = src[src_slot[k]] for k < n,
+  // a null slot list meaning the identity (slot k).
+  static void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
+                         std::size_t n, std::size_t width) noexcept {
+    auto* out = static_cast<unsigned char*>(dst);
+    const auto* in = static_cast<const unsigned char*>(src);
+    for (std::size_t k = 0; k < n; ++k)
+      std::memcpy(out + (dst_slot ? dst_slot[k] : k) * width, in + (src_slot ? src_slot[k] : k) * width, width);
   }
 
  private:
