@@ -158,19 +158,29 @@ struct trainer {
 // update moves a value by about lr >= 1e-3.
 inline double master_tol(double ref) { return 1e-5 * (1.0 + std::fabs(ref)); }
 
-template <class Opt>
-inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<std::vector<float>>>* trace = nullptr) {
+// Where the optimizer's params and grads live: for the host space, the trainer's own buffers.
+// A GPU test supplies device copies (device(buf) gives the copy of a trainer buffer, push copies
+// the gradients there before a step, pull brings the params back before they are checked).
+struct host_buffers {
+  void* device(std::vector<unsigned char>& buf) { return buf.data(); }
+  void push(trainer&) {}
+  void pull(trainer&) {}
+};
+
+template <class Opt, class Buffers = host_buffers>
+inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<std::vector<float>>>* trace = nullptr,
+                         Buffers&& buffers = Buffers{}) {
   trainer tr(sc);
   zf_ref::zenflow_model model;
   model.cfg = sc.ref;
   for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
     const auto& m = sc.mats[mi];
-    opt.add_matrix({tr.mp[mi].data(), tr.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+    opt.add_matrix({buffers.device(tr.mp[mi]), buffers.device(tr.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
     model.add_matrix(m.rows, m.cols, tr.matrix_values(mi), size_of(m.pt), size_of(m.gt));
   }
   for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
     const auto& v = sc.vecs[vi];
-    opt.add_vector({tr.vp[vi].data(), tr.vgb[vi].data(), v.n, v.pt, v.gt});
+    opt.add_vector({buffers.device(tr.vp[vi]), buffers.device(tr.vgb[vi]), v.n, v.pt, v.gt});
     model.add_vector(tr.vector_values(vi));
   }
   opt.initialize();
@@ -178,7 +188,9 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
   for (int step = 0; step < sc.steps; ++step) {
     CAPTURE(step);
     const double scale = tr.next(gm, gv);
+    buffers.push(tr);
     const step_info info = opt.step(float(scale));
+    buffers.pull(tr);
     const bool applied = model.step(gm, gv, scale);
     REQUIRE(info.skipped == !applied);
     if (trace) trace->emplace_back();

@@ -58,9 +58,17 @@ struct step_info {
   std::uint64_t t = 0;     // applied steps so far
 };
 
+// The Transport a space uses unless told otherwise (cuda_pinned for cuda_space, <zenflow/cuda.hpp>).
+template <class Space>
+struct default_transport {
+  using type = host_copy;
+};
+template <class Space>
+using default_transport_t = typename default_transport<Space>::type;
+
 template <class Space = host_space, selector_policy Selector = column_topk,
           class GpuUpdater = fused_adamw<Space>, host_accumulator_policy HostAccumulator = simd_accumulator,
-          transport_policy Transport = host_copy, scheduler_policy Scheduler = bounded_async>
+          transport_policy Transport = default_transport_t<Space>, scheduler_policy Scheduler = bounded_async>
   requires gpu_updater_policy<GpuUpdater, Space>
 class optimizer {
  public:
@@ -1019,8 +1027,8 @@ class optimizer {
 
 // ZeRO-Offload: no column on the device, a host AdamW of everything every step, synchronous.
 template <class Space = host_space>
-class zero_offload : public optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, host_copy, synchronous> {
-  using base = optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, host_copy, synchronous>;
+class zero_offload : public optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous> {
+  using base = optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous>;
   static config adjust(config c) {
     c.topk_ratio = 0;
     c.update_interval = interval::every(1);
@@ -1036,8 +1044,8 @@ class zero_offload : public optimizer<Space, select_none, fused_adamw<Space>, si
 
 // Plain AdamW where the model trains: every column selected once, nothing left on the host.
 template <class Space = host_space>
-class device_adam : public optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, host_copy, synchronous> {
-  using base = optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, host_copy, synchronous>;
+class device_adam : public optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous> {
+  using base = optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous>;
   static config adjust(config c) {
     c.topk_ratio = 1;
     c.update_interval = interval::every(1);

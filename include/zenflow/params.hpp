@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "detail/macros.hpp"
 #include "numeric.hpp"
 
 namespace zenflow {
@@ -17,7 +18,7 @@ enum class matrix_layout : std::uint8_t {
 };
 
 // Offset of element (row i, column c).
-constexpr std::size_t element_offset(matrix_layout l, std::size_t rows, std::size_t cols,
+ZF_HD constexpr std::size_t element_offset(matrix_layout l, std::size_t rows, std::size_t cols,
                                      std::size_t i, std::size_t c) noexcept {
   return l == matrix_layout::column_contiguous ? c * rows + i : i * cols + c;
 }

@@ -19,11 +19,17 @@ concept selector_policy = requires(const double* scores, std::uint32_t* out) {
   T::select(scores, std::size_t{}, std::size_t{}, out);
 };
 
+namespace detail {
+struct noop_job {  // (a named type: nvcc's front end rejects lambdas inside requires-expressions)
+  void operator()() const noexcept {}
+};
+}  // namespace detail
+
 template <class T>
 concept scheduler_policy = requires(T& s) {
-  s.launch([] {});
+  s.launch(detail::noop_job{});
   s.wait();
-  s.launch_offload([] {});
+  s.launch_offload(detail::noop_job{});
   s.wait_offload();
   s.wait_offload_quiet();
   { T::concurrent } -> std::convertible_to<bool>;

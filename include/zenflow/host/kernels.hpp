@@ -26,6 +26,9 @@
 #include "kernel_table.hpp"
 
 #if !defined(ZENFLOW_HOST_DISPATCH)
+#  if defined(__CUDACC__)
+#    error "zenflow: in a .cu file the host kernels come from the zenflow::host_kernels library: link zenflow::cuda (CMake) or define ZENFLOW_HOST_DISPATCH and link libzenflow_host_kernels"
+#  endif
 #  include "detail/kernels_impl.hpp"
 #endif
 

@@ -1,0 +1,565 @@
+// fused_adamw on cuda_space: the GpuUpdater of the paper's system.
+//  - gradient_pass: ONE launch reads every gradient once (all matrices, either layout, and all
+//    vectors, any dtype): per-column L1 and sum of squares, non-finite flags and the 32-column
+//    group partials; a second one-block launch folds the partials into the global sum of
+//    squares. Both follow the canonical order of functors.hpp, so the values are the host
+//    space's bits. The step's only wait for the device is here: the finite flag and the norm
+//    (16 bytes) are read back, because step() returns whether the step was applied.
+//  - select_topk: the k best columns of every matrix in one sort over all matrices
+//    (cub::DeviceSegmentedSort::StableSortPairsDescending: equal scores keep ascending column
+//    order, the host selector's tie rule), then flags and cub::DeviceSelect::Flagged, which yields
+//    each matrix's selection in ascending order.
+//  - update: one launch computes each selected column's coefficients and advances its count,
+//    one launch updates every selected column of every matrix and every vector (a multi-tensor
+//    table), with the ZF_HD element body the host space runs (column_adamw_element).
+// All memory is allocated in allocate(); nothing is allocated per step.
+#pragma once
+
+#if !defined(__CUDACC__)
+#  error "zenflow's CUDA updater must be compiled by nvcc: include <zenflow/cuda.hpp> from a .cu file"
+#endif
+
+#include <cub/device/device_segmented_sort.cuh>
+#include <cub/device/device_select.cuh>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../adamw.hpp"
+#include "../config.hpp"
+#include "../cuda/error.hpp"
+#include "../cuda/memory.hpp"
+#include "../params.hpp"
+#include "../space/cuda_space.hpp"
+#include "functors.hpp"
+#include "fused_adamw.hpp"
+
+namespace zenflow {
+
+namespace cuda_kernels {
+
+struct grad_segment {
+  const void* grad;
+  std::uint64_t rows, cols;  // a vector: rows = its chunk, cols = its chunks
+  std::uint64_t n;           // a vector's length (0 for a matrix: every element exists)
+  double* l1;                // null for a vector
+  double* sumsq;
+  unsigned char* bad;
+  std::uint64_t group0;  // first 32-column group of this segment in the global list
+  dtype type;
+  matrix_layout layout;  // vectors: column_contiguous
+};
+
+struct update_segment {
+  void* param;
+  const void* grad;
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const std::uint32_t* columns;  // matrix: the slots' columns; null for a vector
+  const adamw_coeffs* coeffs;    // matrix: per slot
+  adamw_coeffs vector_coeffs;
+  std::uint64_t rows, cols, n;  // a vector: rows = chunk, n = length
+  std::uint64_t block0;         // first block
+  dtype ptype, gtype;
+  matrix_layout layout;
+};
+
+struct coeff_segment {
+  std::uint32_t* counts;
+  adamw_coeffs* coeffs;
+  std::uint64_t slot0;
+};
+
+struct grad_totals {
+  double sumsq;
+  int bad;
+  int pad;
+};
+
+// The segment containing item x: the last one whose first item is <= x.
+template <class Seg, class First>
+__device__ int find_segment(const Seg* segs, int n, std::uint64_t x, First first) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first(segs[mid]) <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ float load_float(const void* p, dtype t, std::uint64_t i) {
+  switch (t) {
+    case dtype::bf16: return to_float(static_cast<const bfloat16*>(p)[i]);
+    case dtype::f16: return to_float(static_cast<const float16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// lane_tree of functors.hpp across a warp: lane j gets v_j + v_{j+off} for off = 16..1.
+__device__ __forceinline__ double warp_tree(double v) {
+  for (int off = 16; off > 0; off /= 2) v = v + __shfl_down_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// One block per 32-column group, 256 threads (8 warps).
+__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, double* partials,
+                                                     unsigned char* group_bad) {
+  __shared__ double lane_a[32][33], lane_q[32][33];
+  __shared__ int lane_bad[32];
+  __shared__ double col_q[32];
+  __shared__ int col_bad[32];
+  const std::uint64_t g = blockIdx.x;
+  const grad_segment& s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
+  const std::uint64_t c0 = (g - s.group0) * 32;
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto finish_column = [&](unsigned x, double a, double q, bool finite) {
+    // (all lanes of the warp call this with their lane sums of column c0 + x)
+    a = warp_tree(a);
+    q = warp_tree(q);
+    const bool all_finite = __all_sync(0xffffffffu, finite);
+    const std::uint64_t c = c0 + x;
+    if (lane == 0) {
+      if (c < s.cols) {
+        if (s.l1) s.l1[c] = a;
+        s.sumsq[c] = q;
+        s.bad[c] = all_finite ? 0 : 1;
+      }
+      col_q[x] = c < s.cols ? q : 0.0;
+      col_bad[x] = c < s.cols && !all_finite;
+    }
+  };
+  if (s.layout == matrix_layout::column_contiguous) {
+    // warp w: columns w, w+8, w+16, w+24 of the group; lane j: rows j, j+32, ... (contiguous)
+    for (unsigned t = 0; t < 4; ++t) {
+      const unsigned x = warp + 8 * t;
+      const std::uint64_t c = c0 + x;
+      double a = 0.0, q = 0.0;
+      bool finite = true;
+      if (c < s.cols) {
+        for (std::uint64_t i = lane; i < s.rows; i += 32) {
+          const std::uint64_t at = c * s.rows + i;
+          if (s.n && at >= s.n) break;
+          const float v = load_float(s.grad, s.type, at);
+          finite = finite && (v - v == 0.0f);
+          a = a + double(fabsf(v));
+          q = q + double(v) * double(v);
+        }
+      }
+      finish_column(x, a, q, finite);
+    }
+  } else {
+    // thread (x, y): column c0 + x, lanes y, y+8, y+16, y+24; a warp reads 32 adjacent columns
+    const unsigned x = threadIdx.x % 32, y = threadIdx.x / 32;
+    double a[4] = {0, 0, 0, 0}, q[4] = {0, 0, 0, 0};
+    bool finite = true;
+    const std::uint64_t c = c0 + x;
+    if (c < s.cols) {
+      for (std::uint64_t base = 0; base < s.rows; base += 32)
+        for (unsigned u = 0; u < 4; ++u) {
+          const std::uint64_t i = base + y + 8 * u;
+          if (i < s.rows) {
+            const float v = load_float(s.grad, s.type, i * s.cols + c);
+            finite = finite && (v - v == 0.0f);
+            a[u] = a[u] + double(fabsf(v));
+            q[u] = q[u] + double(v) * double(v);
+          }
+        }
+    }
+    if (threadIdx.x < 32) lane_bad[threadIdx.x] = 0;
+    __syncthreads();
+    for (unsigned u = 0; u < 4; ++u) {
+      lane_a[y + 8 * u][x] = a[u];
+      lane_q[y + 8 * u][x] = q[u];
+    }
+    if (!finite) atomicOr(&lane_bad[x], 1);
+    __syncthreads();
+    for (unsigned t = 0; t < 4; ++t) {
+      const unsigned xx = warp + 8 * t;
+      finish_column(xx, lane_a[lane][xx], lane_q[lane][xx], lane_bad[xx] == 0);
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const double p = warp_tree(col_q[lane]);
+    const bool any_bad = __any_sync(0xffffffffu, col_bad[lane] != 0);
+    if (lane == 0) {
+      partials[g] = p;
+      group_bad[g] = any_bad ? 1 : 0;
+    }
+  }
+}
+
+// canonical_total of functors.hpp: one block of total_lanes threads.
+__global__ void __launch_bounds__(256) fold_partials(const double* partials, const unsigned char* group_bad,
+                                                     std::uint64_t n, grad_totals* out) {
+  __shared__ double v[device::total_lanes];
+  __shared__ int bad;
+  const unsigned j = threadIdx.x;
+  double s = 0.0;
+  int b = 0;
+  for (std::uint64_t e = j; e < n; e += device::total_lanes) {
+    s = s + partials[e];
+    b |= group_bad[e];
+  }
+  if (j == 0) bad = 0;
+  v[j] = s;
+  __syncthreads();
+  if (b) atomicOr(&bad, 1);
+  for (unsigned off = device::total_lanes / 2; off > 0; off /= 2) {
+    __syncthreads();
+    if (j < off) v[j] = v[j] + v[j + off];
+  }
+  __syncthreads();
+  if (j == 0) {
+    out->sumsq = v[0];
+    out->bad = bad;
+  }
+}
+
+__global__ void slot_coeffs(const coeff_segment* segs, int nseg, std::uint64_t total, adamw_hyper hyper) {
+  const std::uint64_t x = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (x >= total) return;
+  const coeff_segment& s = segs[find_segment(segs, nseg, x, [](const coeff_segment& c) { return c.slot0; })];
+  const std::uint64_t k = x - s.slot0;
+  s.coeffs[k] = make_coeffs(hyper, s.counts[k] + 1u);
+  s.counts[k] += 1u;
+}
+
+template <class P, class G>
+__device__ void update_block(const update_segment& s, std::uint64_t b, float factor) {
+  P* param = static_cast<P*>(s.param);
+  const G* grad = static_cast<const G*>(s.grad);
+  if (s.columns) {  // block b: selected slot b
+    const std::uint64_t c = s.columns[b];
+    const adamw_coeffs co = s.coeffs[b];
+    for (std::uint64_t i = threadIdx.x; i < s.rows; i += blockDim.x)
+      device::column_adamw_element(param, grad, s.master, s.exp_avg, s.exp_avg_sq, b * s.rows + i,
+                                   element_offset(s.layout, s.rows, s.cols, i, c), factor, co);
+  } else {  // block b: chunk b of a vector
+    const std::uint64_t end = (b + 1) * s.rows < s.n ? (b + 1) * s.rows : s.n;
+    for (std::uint64_t i = b * s.rows + threadIdx.x; i < end; i += blockDim.x) {
+      adamw_update(s.master[i], s.exp_avg[i], s.exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), s.vector_coeffs);
+      param[i] = from_float<P>(s.master[i]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(256) fused_update(const update_segment* segs, int nseg, float factor) {
+  const std::uint64_t x = blockIdx.x;
+  const update_segment& s = segs[find_segment(segs, nseg, x, [](const update_segment& u) { return u.block0; })];
+  const std::uint64_t b = x - s.block0;
+  switch (int(s.ptype) * 3 + int(s.gtype)) {
+    case 0: return update_block<float, float>(s, b, factor);
+    case 1: return update_block<float, bfloat16>(s, b, factor);
+    case 2: return update_block<float, float16>(s, b, factor);
+    case 3: return update_block<bfloat16, float>(s, b, factor);
+    case 4: return update_block<bfloat16, bfloat16>(s, b, factor);
+    case 5: return update_block<bfloat16, float16>(s, b, factor);
+    case 6: return update_block<float16, float>(s, b, factor);
+    case 7: return update_block<float16, bfloat16>(s, b, factor);
+    default: return update_block<float16, float16>(s, b, factor);
+  }
+}
+
+// flags[offset(m) + idx] = 1 for the first k(m) entries of matrix m's sorted order.
+__global__ void mark_topk(const std::uint32_t* sorted_idx, const std::int64_t* offsets, const std::uint32_t* ks,
+                          int nseg, std::uint64_t total, unsigned char* flags) {
+  const std::uint64_t p = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= total) return;
+  int lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (std::uint64_t(offsets[mid]) <= p) lo = mid;
+    else hi = mid - 1;
+  }
+  const std::uint64_t off = std::uint64_t(offsets[lo]);
+  if (p - off < ks[lo]) flags[off + sorted_idx[p]] = 1;
+}
+
+template <class P>
+struct to_master_fn {
+  const P* src;
+  float* dst;
+  ZF_HD void operator()(std::size_t i) const { dst[i] = to_float(src[i]); }
+};
+
+}  // namespace cuda_kernels
+
+template <>
+class fused_adamw<cuda_space> {
+ public:
+  template <class T>
+  using buffer = device_array<T>;
+  static constexpr std::size_t vector_chunk = 4096;
+
+  struct matrix_state {
+    matrix_param p;
+    std::size_t k = 0, active = 0;
+    int cur = 0;
+    buffer<std::uint32_t> columns[2];
+    buffer<float> master[2], exp_avg[2], exp_avg_sq[2];
+    buffer<std::uint32_t> counts[2];
+    buffer<adamw_coeffs> coeffs;  // this step's coefficients per slot
+    std::size_t col0 = 0;         // first column in the concatenated per-column arrays
+  };
+  struct vector_state {
+    vector_param p;
+    buffer<float> master, exp_avg, exp_avg_sq;
+    std::uint32_t count = 0;
+    std::size_t chunk0 = 0;  // first chunk in the concatenated per-chunk arrays
+  };
+  struct grad_summary {
+    bool finite;
+    double sumsq;
+  };
+
+  std::size_t add_matrix(const matrix_param& p, std::size_t k) {
+    auto& s = matrices_.emplace_back();
+    s.p = p;
+    s.k = k;
+    return matrices_.size() - 1;
+  }
+  std::size_t add_vector(const vector_param& p) {
+    vectors_.emplace_back().p = p;
+    return vectors_.size() - 1;
+  }
+
+  void allocate() {
+    std::size_t cols = 0, chunks = 0, groups = 0, max_slots = 0;
+    std::vector<cuda_kernels::grad_segment> gsegs;
+    for (auto& s : matrices_) {
+      for (int b = 0; b < 2; ++b) {
+        s.columns[b] = buffer<std::uint32_t>(s.k);
+        s.master[b] = buffer<float>(s.k * s.p.rows);
+        s.exp_avg[b] = buffer<float>(s.k * s.p.rows);
+        s.exp_avg_sq[b] = buffer<float>(s.k * s.p.rows);
+        s.counts[b] = buffer<std::uint32_t>(s.k);
+      }
+      s.coeffs = buffer<adamw_coeffs>(s.k);
+      s.col0 = cols;
+      cols += s.p.cols;
+      max_slots += s.k;
+    }
+    for (auto& v : vectors_) {
+      v.master = buffer<float>(v.p.n);
+      v.exp_avg = buffer<float>(v.p.n);
+      v.exp_avg_sq = buffer<float>(v.p.n);
+      v.chunk0 = chunks;
+      chunks += (v.p.n + vector_chunk - 1) / vector_chunk;
+    }
+    l1_ = buffer<double>(cols);
+    sumsq_ = buffer<double>(cols + chunks);
+    bad_ = buffer<unsigned char>(cols + chunks);
+    for (auto& s : matrices_) {
+      gsegs.push_back({s.p.grad, s.p.rows, s.p.cols, 0, l1_.data() + s.col0, sumsq_.data() + s.col0,
+                       bad_.data() + s.col0, groups, s.p.grad_type, s.p.layout});
+      groups += group_count(s.p.cols);
+    }
+    for (auto& v : vectors_) {
+      const std::size_t nc = (v.p.n + vector_chunk - 1) / vector_chunk;
+      gsegs.push_back({v.p.grad, vector_chunk, nc, v.p.n, nullptr, sumsq_.data() + cols + v.chunk0,
+                       bad_.data() + cols + v.chunk0, groups, v.p.grad_type, matrix_layout::column_contiguous});
+      groups += group_count(nc);
+    }
+    groups_ = groups;
+    partials_ = buffer<double>(groups);
+    group_bad_ = buffer<unsigned char>(groups);
+    grad_segs_ = buffer<cuda_kernels::grad_segment>(gsegs.size());
+    upload(grad_segs_.data(), gsegs.data(), gsegs.size() * sizeof(gsegs[0]));
+    totals_ = buffer<cuda_kernels::grad_totals>(1);
+    totals_host_ = pinned_array<cuda_kernels::grad_totals>(1);
+    // per-step tables (rebuilt on the host each step, uploaded from pinned memory)
+    upd_segs_ = buffer<cuda_kernels::update_segment>(matrices_.size() + vectors_.size());
+    upd_host_ = pinned_array<cuda_kernels::update_segment>(matrices_.size() + vectors_.size());
+    coeff_segs_ = buffer<cuda_kernels::coeff_segment>(std::max<std::size_t>(1, matrices_.size()));
+    coeff_host_ = pinned_array<cuda_kernels::coeff_segment>(std::max<std::size_t>(1, matrices_.size()));
+    // top-k over all matrices
+    total_cols_ = cols;
+    std::vector<std::int64_t> offsets(matrices_.size() + 1, 0);
+    std::vector<std::uint32_t> ks(matrices_.size()), local(cols);
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      offsets[i + 1] = offsets[i] + std::int64_t(matrices_[i].p.cols);
+      ks[i] = std::uint32_t(matrices_[i].k);
+      for (std::size_t c = 0; c < matrices_[i].p.cols; ++c) local[matrices_[i].col0 + c] = std::uint32_t(c);
+    }
+    if (cols && max_slots) {
+      offsets_ = buffer<std::int64_t>(offsets.size());
+      upload(offsets_.data(), offsets.data(), 8 * offsets.size());
+      ks_ = buffer<std::uint32_t>(ks.size());
+      upload(ks_.data(), ks.data(), 4 * ks.size());
+      local_ = buffer<std::uint32_t>(cols);
+      upload(local_.data(), local.data(), 4 * cols);
+      keys_out_ = buffer<double>(cols);
+      sorted_ = buffer<std::uint32_t>(cols);
+      flags_ = buffer<unsigned char>(cols);
+      chosen_ = buffer<std::uint32_t>(cols);
+      chosen_n_ = buffer<std::int64_t>(1);
+      chosen_host_ = pinned_array<std::uint32_t>(max_slots);
+      std::size_t sort_bytes = 0, select_bytes = 0;
+      ZF_CUDA_TRY(cub::DeviceSegmentedSort::StableSortPairsDescending(
+          nullptr, sort_bytes, l1_.data(), keys_out_.data(), local_.data(), sorted_.data(), std::int64_t(cols),
+          std::int64_t(matrices_.size()), offsets_.data(), offsets_.data() + 1, stream_));
+      ZF_CUDA_TRY(cub::DeviceSelect::Flagged(nullptr, select_bytes, local_.data(), flags_.data(), chosen_.data(),
+                                             chosen_n_.data(), std::int64_t(cols), stream_));
+      temp_ = buffer<unsigned char>(std::max(sort_bytes, select_bytes));
+    }
+  }
+
+  // The vectors' fp32 masters start as their params.
+  void load_vectors(cuda_space& space) {
+    for (auto& v : vectors_)
+      visit_dtype(v.p.param_type, [&](auto ptag) {
+        using P = typename decltype(ptag)::type;
+        space.parallel_for(v.p.n, cuda_kernels::to_master_fn<P>{static_cast<const P*>(v.p.param), v.master.data()});
+      });
+  }
+
+  grad_summary gradient_pass(cuda_space& space) {
+    stream_ = space.stream();
+    if (groups_ == 0) return {true, 0.0};
+    cuda_kernels::gradient_pass<<<unsigned(groups_), 256, 0, stream_>>>(
+        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data());
+    ZF_CUDA_TRY(cudaGetLastError());
+    cuda_kernels::fold_partials<<<1, device::total_lanes, 0, stream_>>>(partials_.data(), group_bad_.data(), groups_,
+                                                                       totals_.data());
+    ZF_CUDA_TRY(cudaGetLastError());
+    ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
+                                cudaMemcpyDeviceToHost, stream_));
+    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    scores_valid_[0] = scores_valid_[1] = false;
+    return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
+  }
+
+  void update(cuda_space& space, float factor, const adamw_hyper& hyper) {
+    stream_ = space.stream();
+    std::size_t nseg = 0, blocks = 0, ncoeff = 0, slots = 0;
+    cuda_kernels::update_segment* u = upd_host_.data();
+    cuda_kernels::coeff_segment* cs = coeff_host_.data();
+    for (auto& s : matrices_) {
+      if (s.active == 0) continue;
+      const int b = s.cur;
+      cs[ncoeff++] = {s.counts[b].data(), s.coeffs.data(), slots};
+      u[nseg++] = {s.p.param, s.p.grad, s.master[b].data(), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
+                   s.columns[b].data(), s.coeffs.data(), adamw_coeffs{}, s.p.rows, s.p.cols, 0, blocks,
+                   s.p.param_type, s.p.grad_type, s.p.layout};
+      slots += s.active;
+      blocks += s.active;
+    }
+    for (auto& v : vectors_) {
+      u[nseg++] = {v.p.param, v.p.grad, v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data(), nullptr, nullptr,
+                   make_coeffs(hyper, v.count + 1u), vector_chunk, 0, v.p.n, blocks,
+                   v.p.param_type, v.p.grad_type, matrix_layout::column_contiguous};
+      blocks += (v.p.n + vector_chunk - 1) / vector_chunk;
+      ++v.count;
+    }
+    if (nseg == 0) return;
+    // The pinned tables are rewritten only after the previous step's copies completed: every
+    // step reads its gradient summary back (a stream synchronisation) before it updates.
+    if (ncoeff) {
+      ZF_CUDA_TRY(cudaMemcpyAsync(coeff_segs_.data(), cs, ncoeff * sizeof(*cs), cudaMemcpyHostToDevice, stream_));
+      cuda_kernels::slot_coeffs<<<cuda_kernels::blocks_for(slots, 256), 256, 0, stream_>>>(coeff_segs_.data(),
+                                                                                            int(ncoeff), slots, hyper);
+      ZF_CUDA_TRY(cudaGetLastError());
+    }
+    ZF_CUDA_TRY(cudaMemcpyAsync(upd_segs_.data(), u, nseg * sizeof(*u), cudaMemcpyHostToDevice, stream_));
+    cuda_kernels::fused_update<<<unsigned(blocks), 256, 0, stream_>>>(upd_segs_.data(), int(nseg), factor);
+    ZF_CUDA_TRY(cudaGetLastError());
+  }
+
+  // This step's scores in host memory (one read-back of all matrices' scores).
+  void fetch_scores(cuda_space& space, score_kind kind) {
+    stream_ = space.stream();
+    const int w = kind == score_kind::l1 ? 0 : 1;
+    if (scores_valid_[w]) return;
+    scores_host_[w].resize(total_cols_);
+    space.download(scores_host_[w].data(), w == 0 ? l1_.data() : sumsq_.data(), 8 * total_cols_);
+    scores_valid_[w] = true;
+  }
+  const double* scores(std::size_t i, score_kind kind) const noexcept {
+    return scores_host_[kind == score_kind::l1 ? 0 : 1].data() + matrices_[i].col0;
+  }
+
+  // Top-k of every matrix on the device; out[i] = matrix i's k columns, ascending.
+  void select_topk(cuda_space& space, score_kind kind, std::vector<std::vector<std::uint32_t>>& out) {
+    stream_ = space.stream();
+    out.assign(matrices_.size(), {});
+    if (total_cols_ == 0 || chosen_host_.size() == 0) return;
+    const double* keys = kind == score_kind::l1 ? l1_.data() : sumsq_.data();
+    std::size_t bytes = temp_.size();
+    ZF_CUDA_TRY(cub::DeviceSegmentedSort::StableSortPairsDescending(
+        temp_.data(), bytes, keys, keys_out_.data(), local_.data(), sorted_.data(), std::int64_t(total_cols_),
+        std::int64_t(matrices_.size()), offsets_.data(), offsets_.data() + 1, stream_));
+    ZF_CUDA_TRY(cudaMemsetAsync(flags_.data(), 0, total_cols_, stream_));
+    cuda_kernels::mark_topk<<<cuda_kernels::blocks_for(total_cols_, 256), 256, 0, stream_>>>(
+        sorted_.data(), offsets_.data(), ks_.data(), int(matrices_.size()), total_cols_, flags_.data());
+    ZF_CUDA_TRY(cudaGetLastError());
+    bytes = temp_.size();
+    ZF_CUDA_TRY(cub::DeviceSelect::Flagged(temp_.data(), bytes, local_.data(), flags_.data(), chosen_.data(),
+                                           chosen_n_.data(), std::int64_t(total_cols_), stream_));
+    ZF_CUDA_TRY(cudaMemcpyAsync(chosen_host_.data(), chosen_.data(), 4 * chosen_host_.size(), cudaMemcpyDeviceToHost,
+                                stream_));
+    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      out[i].assign(chosen_host_.data() + at, chosen_host_.data() + at + matrices_[i].k);
+      at += matrices_[i].k;
+    }
+  }
+
+  std::size_t bytes_allocated() const noexcept {
+    std::size_t b = 0;
+    for (const auto& s : matrices_) {
+      for (int k = 0; k < 2; ++k)
+        b += 4 * (s.columns[k].size() + s.master[k].size() + s.exp_avg[k].size() + s.exp_avg_sq[k].size() +
+                  s.counts[k].size());
+      b += sizeof(adamw_coeffs) * s.coeffs.size();
+    }
+    for (const auto& v : vectors_) b += 4 * (v.master.size() + v.exp_avg.size() + v.exp_avg_sq.size());
+    b += 8 * (l1_.size() + sumsq_.size() + partials_.size()) + bad_.size() + group_bad_.size();
+    b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(cuda_kernels::grad_totals) * totals_.size();
+    b += sizeof(cuda_kernels::update_segment) * upd_segs_.size() + sizeof(cuda_kernels::coeff_segment) * coeff_segs_.size();
+    b += 8 * (offsets_.size() + keys_out_.size() + chosen_n_.size()) +
+         4 * (ks_.size() + local_.size() + sorted_.size() + chosen_.size()) + flags_.size() + temp_.size();
+    return b;
+  }
+
+  matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
+  const matrix_state& matrix(std::size_t i) const noexcept { return matrices_[i]; }
+  vector_state& vector(std::size_t i) noexcept { return vectors_[i]; }
+  const vector_state& vector(std::size_t i) const noexcept { return vectors_[i]; }
+  std::size_t matrices() const noexcept { return matrices_.size(); }
+  std::size_t vectors() const noexcept { return vectors_.size(); }
+
+ private:
+  static std::size_t group_count(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) ZF_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+
+  std::vector<matrix_state> matrices_;
+  std::vector<vector_state> vectors_;
+  cudaStream_t stream_ = nullptr;
+  std::size_t groups_ = 0, total_cols_ = 0;
+  buffer<double> l1_, sumsq_, partials_;
+  buffer<unsigned char> bad_, group_bad_;
+  buffer<cuda_kernels::grad_segment> grad_segs_;
+  buffer<cuda_kernels::grad_totals> totals_;
+  pinned_array<cuda_kernels::grad_totals> totals_host_;
+  buffer<cuda_kernels::update_segment> upd_segs_;
+  pinned_array<cuda_kernels::update_segment> upd_host_;
+  buffer<cuda_kernels::coeff_segment> coeff_segs_;
+  pinned_array<cuda_kernels::coeff_segment> coeff_host_;
+  buffer<std::int64_t> offsets_, chosen_n_;
+  buffer<std::uint32_t> ks_, local_, sorted_, chosen_;
+  buffer<double> keys_out_;
+  buffer<unsigned char> flags_, temp_;
+  pinned_array<std::uint32_t> chosen_host_;
+  std::vector<double> scores_host_[2];
+  bool scores_valid_[2] = {false, false};
+};
+
+}  // namespace zenflow

@@ -1,0 +1,241 @@
+// cuda_space: the device side of the optimizer on a CUDA GPU. Every primitive the optimizer
+// orders is enqueued on one stream (the trainer's, set by initialize(stream) / step(stream));
+// the host waits only where a value must reach it (download) or a host buffer must be free
+// (upload, fence). Must be compiled by nvcc (include <zenflow/cuda.hpp> from a .cu file).
+#pragma once
+
+#if !defined(__CUDACC__)
+#  error "zenflow's CUDA space must be compiled by nvcc: include <zenflow/cuda.hpp> from a .cu file"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "../cuda/error.hpp"
+#include "../cuda/memory.hpp"
+#include "../numeric.hpp"
+#include "../params.hpp"
+
+namespace zenflow {
+
+namespace cuda_kernels {
+
+inline constexpr unsigned threads = 256;
+
+// Blocks for n items at `per_block` items per block, at least 1.
+inline unsigned blocks_for(std::size_t n, std::size_t per_block) {
+  const std::size_t b = (n + per_block - 1) / per_block;
+  return unsigned(b ? b : 1);
+}
+
+template <class F>
+__global__ void for_each(std::size_t n, F f) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+// Element type of a given size, moved as raw bits.
+template <std::size_t Bytes>
+struct word;
+template <>
+struct word<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct word<4> {
+  using type = std::uint32_t;
+};
+
+// Column-contiguous: block k copies column list[k] (rows elements, contiguous) to/from block k
+// of the compact [n][rows] array. Gather: in -> out[k]; scatter: in[k] -> out.
+template <class W, bool Scatter>
+__global__ void columns_contiguous(const W* in, W* out, std::size_t rows, const std::uint32_t* list) {
+  const std::size_t k = blockIdx.x, c = list[k];
+  const W* src = in + (Scatter ? k : c) * rows;
+  W* dst = out + (Scatter ? c : k) * rows;
+  for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) dst[i] = src[i];
+}
+
+// Row-major: a 32x32 tile (32 list entries x 32 rows) through shared memory, so that the
+// strided side (matrix rows of `cols` elements) and the compact side are both read and written
+// by consecutive threads. Block (bx, by): entries 32*bx.., rows 32*by..; blockDim = (32, 8).
+template <class W, bool Scatter>
+__global__ void columns_row_major(const W* in, W* out, std::size_t rows, std::size_t cols, const std::uint32_t* list,
+                                  std::size_t n) {
+  __shared__ W tile[32][33];
+  const std::size_t k0 = std::size_t(blockIdx.x) * 32, i0 = std::size_t(blockIdx.y) * 32;
+  if (!Scatter) {
+    // read the matrix: x over entries (adjacent columns for runs in the list), y over rows
+    const std::size_t k = k0 + threadIdx.x;
+    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+      const std::size_t i = i0 + y;
+      if (k < n && i < rows) tile[y][threadIdx.x] = in[i * cols + list[k]];
+    }
+    __syncthreads();
+    // write the compact block: x over rows (contiguous), y over entries
+    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+      const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
+      if (kk < n && i < rows) out[kk * rows + i] = tile[threadIdx.x][y];
+    }
+  } else {
+    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+      const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
+      if (kk < n && i < rows) tile[threadIdx.x][y] = in[kk * rows + i];
+    }
+    __syncthreads();
+    const std::size_t k = k0 + threadIdx.x;
+    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+      const std::size_t i = i0 + y;
+      if (k < n && i < rows) out[i * cols + list[k]] = tile[y][threadIdx.x];
+    }
+  }
+}
+
+// Slots of `words` 32-bit words: dst[dst_slot[k]] = src[src_slot[k]] (null list = identity).
+__global__ void move_slots(std::uint32_t* dst, const std::uint32_t* dst_slot, const std::uint32_t* src,
+                           const std::uint32_t* src_slot, std::size_t words) {
+  const std::size_t k = blockIdx.x;
+  const std::size_t d = dst_slot ? dst_slot[k] : k, s = src_slot ? src_slot[k] : k;
+  for (std::size_t i = threadIdx.x; i < words; i += blockDim.x) dst[d * words + i] = src[s * words + i];
+}
+
+}  // namespace cuda_kernels
+
+class cuda_space {
+ public:
+  static constexpr const char* name = "cuda";
+  template <class T>
+  using buffer = device_array<T>;
+  using stream_type = cudaStream_t;
+
+  // A point in the stream's work (blocking-sync, so waiting on it sleeps instead of spinning).
+  class event {
+   public:
+    event() = default;
+    event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    event& operator=(event&& o) noexcept {
+      if (this != &o) {
+        reset();
+        e_ = std::exchange(o.e_, nullptr);
+      }
+      return *this;
+    }
+    ~event() { reset(); }
+    cudaEvent_t get() const noexcept { return e_; }
+    void create() {
+      if (!e_) ZF_CUDA_TRY(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming | cudaEventBlockingSync));
+    }
+    void wait() const {
+      if (e_) ZF_CUDA_TRY(cudaEventSynchronize(e_));
+    }
+
+   private:
+    void reset() noexcept {
+      if (e_) cudaEventDestroy(e_);
+      e_ = nullptr;
+    }
+    cudaEvent_t e_ = nullptr;
+  };
+
+  // device: the CUDA device to use (-1: the calling thread's current device). Nothing touches
+  // CUDA before initialize().
+  explicit cuda_space(int device = -1) noexcept : device_(device) {}
+
+  // Fails with a clear cuda_error when there is no usable GPU (no device, or no driver).
+  void initialize() {
+    int n = 0;  // left unwritten when there is no driver
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+      throw cuda_error(e, std::string("zenflow: cuda_space needs a CUDA GPU: cudaGetDeviceCount: ") +
+                              cudaGetErrorName(e) + " (" + std::to_string(int(e)) + "): " + cudaGetErrorString(e));
+    if (n == 0) throw cuda_error(cudaErrorNoDevice, "zenflow: cuda_space needs a CUDA GPU: no CUDA device found");
+    if (device_ >= n)
+      throw cuda_error(cudaErrorInvalidDevice, "zenflow: cuda_space: device " + std::to_string(device_) +
+                                                   " requested, " + std::to_string(n) + " present");
+    if (device_ >= 0) ZF_CUDA_TRY(cudaSetDevice(device_));
+    else ZF_CUDA_TRY(cudaGetDevice(&device_));
+  }
+  int device() const noexcept { return device_; }
+
+  void set_stream(cudaStream_t s) noexcept { stream_ = s; }
+  cudaStream_t stream() const noexcept { return stream_; }
+
+  void record(event& e) {
+    e.create();
+    ZF_CUDA_TRY(cudaEventRecord(e.get(), stream_));
+  }
+  void fence() { ZF_CUDA_TRY(cudaStreamSynchronize(stream_)); }
+
+  template <class F>
+  void parallel_for(std::size_t n, const F& f) {
+    if (n == 0) return;
+    const unsigned b = cuda_kernels::blocks_for(n, cuda_kernels::threads);
+    cuda_kernels::for_each<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(n, f);
+    ZF_CUDA_TRY(cudaGetLastError());
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  // Complete on return (waits for the stream up to this point).
+  void download(void* host_dst, const void* src, std::size_t bytes) {
+    if (!bytes) return;
+    ZF_CUDA_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    fence();
+  }
+  // Complete on return, whatever kind of host memory the source is (used for control data and
+  // checkpoints only, never per step).
+  void upload(void* dst, const void* host_src, std::size_t bytes) {
+    if (!bytes) return;
+    ZF_CUDA_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    fence();
+  }
+
+  // Columns list[0..n) (a device list) of a device matrix into a compact [n][rows] block, and back.
+  void compact_columns(const void* src, dtype t, matrix_layout layout, std::size_t rows, std::size_t cols,
+                       const std::uint32_t* list, std::size_t n, void* dst) {
+    columns<false>(src, t, dst, layout, rows, cols, list, n);
+  }
+  void scatter_columns(const void* block, dtype t, void* dst, matrix_layout layout, std::size_t rows,
+                       std::size_t cols, const std::uint32_t* list, std::size_t n) {
+    columns<true>(block, t, dst, layout, rows, cols, list, n);
+  }
+  void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
+                  std::size_t n, std::size_t width) {
+    if (n == 0) return;
+    cuda_kernels::move_slots<<<unsigned(n), cuda_kernels::threads, 0, stream_>>>(
+        static_cast<std::uint32_t*>(dst), dst_slot, static_cast<const std::uint32_t*>(src), src_slot, width / 4);
+    ZF_CUDA_TRY(cudaGetLastError());
+  }
+
+ private:
+  template <bool Scatter>
+  void columns(const void* in, dtype t, void* out, matrix_layout layout, std::size_t rows, std::size_t cols,
+               const std::uint32_t* list, std::size_t n) {
+    if (n == 0) return;
+    auto run = [&](auto w) {
+      using W = typename decltype(w)::type;
+      if (layout == matrix_layout::column_contiguous) {
+        cuda_kernels::columns_contiguous<W, Scatter><<<unsigned(n), cuda_kernels::threads, 0, stream_>>>(
+            static_cast<const W*>(in), static_cast<W*>(out), rows, list);
+      } else {
+        const dim3 grid(cuda_kernels::blocks_for(n, 32), cuda_kernels::blocks_for(rows, 32));
+        cuda_kernels::columns_row_major<W, Scatter><<<grid, dim3(32, 8), 0, stream_>>>(
+            static_cast<const W*>(in), static_cast<W*>(out), rows, cols, list, n);
+      }
+    };
+    if (size_of(t) == 2) run(cuda_kernels::word<2>{});
+    else run(cuda_kernels::word<4>{});
+    ZF_CUDA_TRY(cudaGetLastError());
+  }
+
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace zenflow

@@ -1,0 +1,151 @@
+// Transport policy for cuda_space: every transfer goes through page-locked double buffers, so
+// the DMA engine moves the bytes at link speed and the host copies one buffer while the other is
+// in flight.
+//  - to_host / to_device: from the training thread, on the space's stream (ordered with the
+//    device work around them). to_device returns once the host data sits in a pinned buffer.
+//  - stream_to_host: from the scheduler's offload lane, on a copy stream of its own that waits
+//    for an event of the compute stream (the compaction), so the transfer runs behind the next
+//    forward/backward; each piece is handed to the consumer as soon as its copy has completed
+//    (a blocking-sync event: the lane sleeps, never spins, and nothing synchronizes the device).
+// Bytes are counted as they are moved (atomics: the two threads move concurrently).
+#pragma once
+
+#if !defined(__CUDACC__)
+#  error "zenflow's CUDA transport must be compiled by nvcc: include <zenflow/cuda.hpp> from a .cu file"
+#endif
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+#include "../cuda/error.hpp"
+#include "../cuda/memory.hpp"
+#include "../space/cuda_space.hpp"
+
+namespace zenflow {
+
+class cuda_pinned {
+ public:
+  cuda_pinned() = default;
+  cuda_pinned(const cuda_pinned&) = delete;
+  cuda_pinned& operator=(const cuda_pinned&) = delete;
+  ~cuda_pinned() {
+    if (copy_stream_) {
+      cudaStreamSynchronize(copy_stream_);
+      cudaStreamDestroy(copy_stream_);
+    }
+  }
+
+  // Called once by initialize(): pieces of at most `chunk` bytes, on `space`'s device.
+  void reserve(cuda_space& space, std::size_t chunk) {
+    space_ = &space;
+    chunk_ = chunk ? chunk : 1;
+    for (int b = 0; b < 2; ++b) {
+      train_[b] = pinned_array<unsigned char>(chunk_);
+      lane_[b] = pinned_array<unsigned char>(chunk_);
+      train_ev_[b].create();
+      lane_ev_[b].create();
+      train_used_[b] = false;
+    }
+    if (!copy_stream_) ZF_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  }
+
+  // Device -> host on the compute stream, complete on return.
+  void to_host(void* dst, const void* src, std::size_t bytes) {
+    ready();
+    auto* out = static_cast<unsigned char*>(dst);
+    const auto* in = static_cast<const unsigned char*>(src);
+    std::size_t prev_off = 0, prev_len = 0;
+    int b = 0;
+    for (std::size_t off = 0; off < bytes; off += chunk_) {
+      const std::size_t len = bytes - off < chunk_ ? bytes - off : chunk_;
+      wait_train(b);  // an earlier to_device may still read this buffer
+      ZF_CUDA_TRY(cudaMemcpyAsync(train_[b].data(), in + off, len, cudaMemcpyDeviceToHost, space_->stream()));
+      ZF_CUDA_TRY(cudaEventRecord(train_ev_[b].get(), space_->stream()));
+      train_used_[b] = true;
+      if (prev_len) {  // the previous piece, copied out while this one is in flight
+        wait_train(b ^ 1);
+        std::memcpy(out + prev_off, train_[b ^ 1].data(), prev_len);
+      }
+      prev_off = off;
+      prev_len = len;
+      b ^= 1;
+    }
+    if (prev_len) {
+      wait_train(b ^ 1);
+      std::memcpy(out + prev_off, train_[b ^ 1].data(), prev_len);
+    }
+    to_host_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+  // Host -> device on the compute stream; the host buffer may be reused on return.
+  void to_device(void* dst, const void* src, std::size_t bytes) {
+    ready();
+    auto* out = static_cast<unsigned char*>(dst);
+    const auto* in = static_cast<const unsigned char*>(src);
+    for (std::size_t off = 0; off < bytes; off += chunk_) {
+      const std::size_t len = bytes - off < chunk_ ? bytes - off : chunk_;
+      const int b = next_;
+      next_ ^= 1;
+      wait_train(b);
+      std::memcpy(train_[b].data(), in + off, len);
+      ZF_CUDA_TRY(cudaMemcpyAsync(out + off, train_[b].data(), len, cudaMemcpyHostToDevice, space_->stream()));
+      ZF_CUDA_TRY(cudaEventRecord(train_ev_[b].get(), space_->stream()));
+      train_used_[b] = true;
+    }
+    to_device_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+  // A device block to the host in pieces of at most `chunk` bytes, on the copy stream, after the
+  // compute stream has reached `ready`: consume(host_piece, offset, bytes) for each piece in
+  // order on the calling thread, while the next piece is in flight.
+  template <class Consume>
+  void stream_to_host(const cuda_space::event& ready_at, const void* src, std::size_t bytes, std::size_t chunk,
+                      Consume&& consume) {
+    ready();
+    if (chunk > chunk_ || chunk == 0) throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
+    if (bytes == 0) return;
+    if (ready_at.get()) ZF_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, ready_at.get(), 0));
+    const auto* in = static_cast<const unsigned char*>(src);
+    const std::size_t pieces = (bytes + chunk - 1) / chunk;
+    auto enqueue = [&](std::size_t p) {
+      const std::size_t off = p * chunk, len = bytes - off < chunk ? bytes - off : chunk;
+      ZF_CUDA_TRY(cudaMemcpyAsync(lane_[p & 1].data(), in + off, len, cudaMemcpyDeviceToHost, copy_stream_));
+      ZF_CUDA_TRY(cudaEventRecord(lane_ev_[p & 1].get(), copy_stream_));
+    };
+    enqueue(0);
+    for (std::size_t p = 0; p < pieces; ++p) {
+      if (p + 1 < pieces) enqueue(p + 1);  // its buffer's last piece (p - 1) was consumed already
+      lane_ev_[p & 1].wait();
+      const std::size_t off = p * chunk, len = bytes - off < chunk ? bytes - off : chunk;
+      to_host_.fetch_add(len, std::memory_order_relaxed);
+      consume(static_cast<const void*>(lane_[p & 1].data()), off, len);
+    }
+  }
+
+  std::uint64_t bytes_to_host() const noexcept { return to_host_.load(std::memory_order_relaxed); }
+  std::uint64_t bytes_to_device() const noexcept { return to_device_.load(std::memory_order_relaxed); }
+  std::size_t pinned_bytes() const noexcept { return 4 * chunk_ * (space_ ? 1 : 0); }
+
+ private:
+  void ready() const {
+    if (!space_) throw std::logic_error("zenflow: cuda_pinned used before reserve() (optimizer not initialised)");
+  }
+  void wait_train(int b) {
+    if (train_used_[b]) train_ev_[b].wait();
+    train_used_[b] = false;
+  }
+
+  cuda_space* space_ = nullptr;
+  std::size_t chunk_ = 0;
+  pinned_array<unsigned char> train_[2], lane_[2];
+  cuda_space::event train_ev_[2], lane_ev_[2];
+  bool train_used_[2] = {false, false};
+  int next_ = 0;
+  cudaStream_t copy_stream_ = nullptr;
+  std::atomic<std::uint64_t> to_host_{0}, to_device_{0};
+};
+
+}  // namespace zenflow

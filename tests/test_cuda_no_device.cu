@@ -1,0 +1,75 @@
+// Without a usable GPU (here: no driver, CUDA error 35) cuda_space fails cleanly: a
+// zenflow::cuda_error naming the call and CUDA's error at initialize(), the optimizer left
+// uninitialised with its registrations, never a crash. Runs where there is no GPU; skipped
+// (exit 77) where there is one.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <zenflow/cuda.hpp>
+
+using namespace zenflow;
+
+namespace {
+bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+}  // namespace
+
+TEST_CASE("cuda_space without a GPU: initialize() throws a clear cuda_error and changes nothing") {
+  std::vector<float> w(64), g(64);
+  config cfg;
+  optimizer<cuda_space> opt(cfg);
+  opt.add_matrix({w.data(), g.data(), 8, 8});
+  try {
+    opt.initialize();
+    FAIL("initialize() succeeded without a GPU");
+  } catch (const cuda_error& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find("cuda_space needs a CUDA GPU") != std::string::npos);
+    CHECK(what.find("cudaGetDeviceCount") != std::string::npos);
+    CHECK(what.find(cudaGetErrorName(e.code())) != std::string::npos);
+    CHECK(e.code() != cudaSuccess);
+  }
+  CHECK_FALSE(opt.initialized());
+  CHECK_THROWS_WITH_AS(opt.step(1.0f), "zenflow: step() before initialize()", std::invalid_argument);
+  CHECK(opt.stats().device_bytes == 0);
+  // the registrations are kept: a second attempt fails the same way
+  CHECK_THROWS_AS(opt.initialize(), cuda_error);
+}
+
+TEST_CASE("cuda memory without a GPU: allocation throws cuda_error naming the call") {
+  try {
+    device_array<float> a(1024);
+    FAIL("cudaMalloc succeeded without a GPU");
+  } catch (const cuda_error& e) {
+    CHECK(std::string(e.what()).find("cudaMalloc") != std::string::npos);
+  }
+  CHECK_THROWS_AS(pinned_array<float>(16), cuda_error);
+  device_array<float> empty;  // nothing allocated, nothing to free
+  CHECK(empty.size() == 0);
+  CHECK(empty.data() == nullptr);
+}
+
+TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, not a crash") {
+  cuda_pinned t;
+  float x = 0, y = 0;
+  CHECK_THROWS_AS(t.to_host(&x, &y, 4), std::logic_error);
+  CHECK_THROWS_AS(t.to_device(&x, &y, 4), std::logic_error);
+  CHECK(t.bytes_to_host() == 0);
+}
+
+int main(int argc, char** argv) {
+  if (gpu_present()) {
+    std::printf("zenflow cuda tests: a GPU is present: the no-device tests are skipped\n");
+    return 77;
+  }
+  return doctest::Context(argc, argv).run();
+}

@@ -1,0 +1,402 @@
+// cuda_space against the host space and the reference model. Every kernel is compared with the
+// host space's code on the same inputs; the canonical summation order (functors.hpp) and the
+// shared, unfused AdamW math make the expected result the host's exact bits, so the comparisons
+// are bit-for-bit unless a comment argues otherwise. Skipped (ctest: "Skipped") without a GPU.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include <zenflow/cuda.hpp>
+
+#include "cuda_support.hpp"
+#include "optimizer_harness.hpp"
+#include "support.hpp"
+
+using namespace zenflow;
+using zf_test::has_gpu;
+
+namespace {
+
+// Device copy of a host byte buffer.
+struct dev_bytes {
+  device_array<unsigned char> d;
+  explicit dev_bytes(const std::vector<unsigned char>& h) : d(h.size()) {
+    ZF_CUDA_TRY(cudaMemcpy(d.data(), h.data(), h.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<unsigned char> get() const {
+    std::vector<unsigned char> h(d.size());
+    ZF_CUDA_TRY(cudaMemcpy(h.data(), d.data(), h.size(), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+template <class T>
+device_array<T> to_device(const std::vector<T>& h) {
+  device_array<T> d(h.size());
+  ZF_CUDA_TRY(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<unsigned char> random_bytes(zf_test::rng& r, std::size_t n) {
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(r.below(256));
+  return v;
+}
+
+// Gradient values in [-1, 1) with a given count of distinct magnitudes (few: many exact ties).
+std::vector<unsigned char> random_grad(zf_test::rng& r, dtype t, std::size_t n, int levels) {
+  std::vector<unsigned char> v(n * size_of(t));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = (levels ? double(r.below(levels)) / levels : r.uniform(0, 1)) * (r.below(2) ? 1 : -1);
+    zf_test::store_float(v, t, i, float(x));
+  }
+  return v;
+}
+
+// The trainer's buffers of run_scenario, mirrored in device memory.
+struct cuda_buffers {
+  std::vector<std::pair<std::vector<unsigned char>*, device_array<unsigned char>>> copies;
+  void* device(std::vector<unsigned char>& buf) {
+    copies.emplace_back(&buf, device_array<unsigned char>(buf.size()));
+    ZF_CUDA_TRY(cudaMemcpy(copies.back().second.data(), buf.data(), buf.size(), cudaMemcpyHostToDevice));
+    return copies.back().second.data();
+  }
+  void push(zf_test::trainer& tr) {
+    for (auto& [h, d] : copies)
+      for (auto* g : {&tr.mg, &tr.vgb})
+        for (auto& b : *g)
+          if (&b == h) ZF_CUDA_TRY(cudaMemcpy(d.data(), h->data(), h->size(), cudaMemcpyHostToDevice));
+  }
+  void pull(zf_test::trainer& tr) {
+    ZF_CUDA_TRY(cudaDeviceSynchronize());  // the optimizer's stream has finished this step's work
+    for (auto& [h, d] : copies)
+      for (auto* p : {&tr.mp, &tr.vp})
+        for (auto& b : *p)
+          if (&b == h) ZF_CUDA_TRY(cudaMemcpy(h->data(), d.data(), h->size(), cudaMemcpyDeviceToHost));
+  }
+};
+
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+void busy_stream(cudaStream_t s, double ms) {
+  int khz = 0;
+  ZF_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  spin<<<1, 1, 0, s>>>((long long)(ms * khz));
+  ZF_CUDA_TRY(cudaGetLastError());
+}
+
+}  // namespace
+
+TEST_CASE("cuda: column compaction, scatter and slot moves equal the host space's" * doctest::skip(!has_gpu())) {
+  zf_test::rng r(11);
+  cuda_space space;
+  space.initialize();
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    for (matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major}) {
+      for (auto [rows, cols] : {std::pair<std::size_t, std::size_t>{1, 1}, {33, 70}, {300, 65}, {4096, 37}}) {
+        CAPTURE(rows);
+        CAPTURE(cols);
+        const std::size_t es = size_of(t);
+        const auto m = random_bytes(r, rows * cols * es);
+        std::vector<std::uint32_t> list;
+        for (std::size_t c = 0; c < cols; ++c)
+          if (r.below(3)) list.push_back(std::uint32_t(c));
+        if (list.empty()) list.push_back(0);
+        const std::size_t n = list.size();
+        dev_bytes dm(m);
+        auto dl = to_device(list);
+        // gather
+        std::vector<unsigned char> want(n * rows * es);
+        host_space::compact_columns(m.data(), t, layout, rows, cols, list.data(), n, want.data());
+        dev_bytes dblock(std::vector<unsigned char>(n * rows * es));
+        space.compact_columns(dm.d.data(), t, layout, rows, cols, dl.data(), n, dblock.d.data());
+        space.fence();
+        CHECK(dblock.get() == want);
+        // scatter into another matrix
+        const auto base = random_bytes(r, rows * cols * es);
+        std::vector<unsigned char> want2 = base;
+        host_space::scatter_columns(want.data(), t, want2.data(), layout, rows, cols, list.data(), n);
+        dev_bytes dm2(base);
+        space.scatter_columns(dblock.d.data(), t, dm2.d.data(), layout, rows, cols, dl.data(), n);
+        space.fence();
+        CHECK(dm2.get() == want2);
+      }
+    }
+  }
+  // slot moves, with and without slot lists
+  const std::size_t width = 4 * 77, slots = 50;
+  const auto src = random_bytes(r, slots * width), dst0 = random_bytes(r, slots * width);
+  std::vector<std::uint32_t> s_from(20), s_to(20);
+  std::iota(s_from.begin(), s_from.end(), 3u);
+  for (std::size_t k = 0; k < 20; ++k) s_to[k] = std::uint32_t(49 - 2 * k);
+  for (int variant = 0; variant < 3; ++variant) {
+    const std::uint32_t* hf = variant == 1 ? nullptr : s_from.data();
+    const std::uint32_t* ht = variant == 2 ? nullptr : s_to.data();
+    std::vector<unsigned char> want = dst0;
+    host_space::move_slots(want.data(), ht, src.data(), hf, 20, width);
+    dev_bytes ds(src), dd(dst0);
+    auto df = to_device(s_from), dt = to_device(s_to);
+    space.move_slots(dd.d.data(), ht ? dt.data() : nullptr, ds.d.data(), hf ? df.data() : nullptr, 20, width);
+    space.fence();
+    CHECK(dd.get() == want);
+  }
+}
+
+// The gradient pass of both spaces on the same gradients: every per-column L1 and sum of
+// squares, the flags and the total are the same bits (the canonical order; every term exact).
+TEST_CASE("cuda: the fused gradient pass gives the host space's bits" * doctest::skip(!has_gpu())) {
+  zf_test::rng r(12);
+  for (int trial = 0; trial < 12; ++trial) {
+    CAPTURE(trial);
+    cuda_space cs;
+    cs.initialize();
+    host_space hs(1);
+    fused_adamw<cuda_space> cu;
+    fused_adamw<host_space> hu;
+    std::vector<std::vector<unsigned char>> grads;
+    std::vector<dev_bytes> dgrads;
+    const dtype types[] = {dtype::f32, dtype::bf16, dtype::f16};
+    const std::size_t nm = 1 + r.below(4), nv = r.below(3);
+    std::vector<matrix_param> mats;
+    std::vector<vector_param> vecs;
+    for (std::size_t i = 0; i < nm; ++i) {
+      const std::size_t rows = 1 + r.below(trial < 6 ? 70 : 3000), cols = 1 + r.below(trial < 6 ? 100 : 700);
+      const dtype t = types[r.below(3)];
+      grads.push_back(random_grad(r, t, rows * cols, trial % 2 ? 0 : 8));
+      mats.push_back({nullptr, nullptr, rows, cols, dtype::f32, t,
+                      r.below(2) ? matrix_layout::row_major : matrix_layout::column_contiguous});
+    }
+    for (std::size_t i = 0; i < nv; ++i) {
+      const std::size_t n = 1 + r.below(20000);
+      const dtype t = types[r.below(3)];
+      grads.push_back(random_grad(r, t, n, 0));
+      vecs.push_back({nullptr, nullptr, n, dtype::f32, t});
+    }
+    const bool poison = trial % 3 == 2;
+    if (poison) {
+      const std::size_t gi = r.below(grads.size());
+      zf_test::store_float(grads[gi], gi < nm ? mats[gi].grad_type : vecs[gi - nm].grad_type, 0, NAN);
+    }
+    for (auto& g : grads) dgrads.emplace_back(g);
+    for (std::size_t i = 0; i < nm; ++i) {
+      matrix_param h = mats[i], d = mats[i];
+      h.grad = grads[i].data();
+      d.grad = dgrads[i].d.data();
+      hu.add_matrix(h, 1);
+      cu.add_matrix(d, 1);
+    }
+    for (std::size_t i = 0; i < nv; ++i) {
+      vector_param h = vecs[i], d = vecs[i];
+      h.grad = grads[nm + i].data();
+      d.grad = dgrads[nm + i].d.data();
+      hu.add_vector(h);
+      cu.add_vector(d);
+    }
+    hu.allocate();
+    cu.allocate();
+    const auto want = hu.gradient_pass(hs);
+    const auto got = cu.gradient_pass(cs);
+    CHECK(got.finite == want.finite);
+    if (poison) CHECK_FALSE(got.finite);
+    if (!want.finite) continue;  // (the scores of a non-finite gradient are never used)
+    CHECK(got.sumsq == want.sumsq);  // bit-identical: the canonical order
+    for (score_kind k : {score_kind::l1, score_kind::l2sq}) {
+      cu.fetch_scores(cs, k);
+      hu.fetch_scores(hs, k);
+      for (std::size_t i = 0; i < nm; ++i)
+        CHECK(std::memcmp(cu.scores(i, k), hu.scores(i, k), 8 * mats[i].cols) == 0);
+    }
+  }
+}
+
+// Top-k over all matrices in one call: the same sets as the host selector, ties (few distinct
+// gradient magnitudes, so many equal scores) broken by the lower column index.
+TEST_CASE("cuda: top-k selects what the host selector selects, ties included" * doctest::skip(!has_gpu())) {
+  zf_test::rng r(13);
+  for (int trial = 0; trial < 10; ++trial) {
+    CAPTURE(trial);
+    cuda_space cs;
+    cs.initialize();
+    fused_adamw<cuda_space> cu;
+    std::vector<std::vector<unsigned char>> grads;
+    std::vector<dev_bytes> dgrads;
+    std::vector<std::size_t> ks;
+    const std::size_t nm = 1 + r.below(6);
+    for (std::size_t i = 0; i < nm; ++i) {
+      const std::size_t rows = 1 + r.below(40), cols = 1 + r.below(trial < 5 ? 200 : 5000);
+      grads.push_back(random_grad(r, dtype::bf16, rows * cols, trial % 2 ? 3 : 0));
+      dgrads.emplace_back(grads.back());
+      ks.push_back(column_topk::k(trial < 5 ? 0.1 : 0.3, cols));
+      cu.add_matrix({nullptr, dgrads.back().d.data(), rows, cols, dtype::f32, dtype::bf16,
+                     r.below(2) ? matrix_layout::row_major : matrix_layout::column_contiguous},
+                    ks.back());
+    }
+    cu.allocate();
+    REQUIRE(cu.gradient_pass(cs).finite);
+    for (score_kind kind : {score_kind::l1, score_kind::l2sq}) {
+      std::vector<std::vector<std::uint32_t>> got;
+      cu.select_topk(cs, kind, got);
+      cu.fetch_scores(cs, kind);
+      for (std::size_t i = 0; i < nm; ++i) {
+        std::vector<std::uint32_t> want(ks[i]);
+        column_topk::select(cu.scores(i, kind), cu.matrix(i).p.cols, ks[i], want.data());
+        CHECK(got[i] == want);
+      }
+    }
+  }
+}
+
+// The whole optimizer on cuda_space against the reference model of the host issue: every
+// selection, count, master (within master_tol), visible param and byte count, after every step.
+TEST_CASE("cuda: zenflow on cuda_space matches the reference model, step by step" * doctest::skip(!has_gpu())) {
+  const std::uint64_t seeds = zf_test::full_or_quick<std::uint64_t>(120, 20);
+  for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+    CAPTURE(seed);
+    const zf_test::scenario sc = zf_test::random_scenario(seed);
+    optimizer<cuda_space> opt(sc.cfg);
+    zf_test::run_scenario(sc, opt, nullptr, cuda_buffers{});
+  }
+}
+
+// Both spaces in lockstep on the same gradients: the same bits everywhere (masters, moments,
+// counts, selections, params, byte counts).
+TEST_CASE("cuda: cuda_space and host_space give bit-identical runs" * doctest::skip(!has_gpu())) {
+  for (std::uint64_t seed = 401; seed <= 440; ++seed) {
+    CAPTURE(seed);
+    const zf_test::scenario sc = zf_test::random_scenario(seed);
+    zf_test::trainer th(sc), tc(sc);
+    cuda_buffers cb;
+    optimizer<> ho(sc.cfg);
+    optimizer<cuda_space> co(sc.cfg);
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+      const auto& m = sc.mats[mi];
+      ho.add_matrix({th.mp[mi].data(), th.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+      co.add_matrix({cb.device(tc.mp[mi]), cb.device(tc.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
+    }
+    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
+      const auto& v = sc.vecs[vi];
+      ho.add_vector({th.vp[vi].data(), th.vgb[vi].data(), v.n, v.pt, v.gt});
+      co.add_vector({cb.device(tc.vp[vi]), cb.device(tc.vgb[vi]), v.n, v.pt, v.gt});
+    }
+    ho.initialize();
+    co.initialize();
+    std::vector<std::vector<double>> g1, g2, v1, v2;
+    for (int step = 0; step < sc.steps; ++step) {
+      CAPTURE(step);
+      const double s1 = th.next(g1, v1), s2 = tc.next(g2, v2);
+      REQUIRE(s1 == s2);
+      cb.push(tc);
+      const step_info a = ho.step(float(s1)), b = co.step(float(s2));
+      cb.pull(tc);
+      REQUIRE(a.skipped == b.skipped);
+      REQUIRE(a.selection == b.selection);
+      REQUIRE(a.boundary == b.boundary);
+      for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+        const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
+        REQUIRE(ho.selected_columns(mi) == co.selected_columns(mi));
+        REQUIRE(ho.column_counts(mi) == co.column_counts(mi));
+        std::vector<float> x(n), y(n);
+        ho.copy_master(mi, x.data());
+        co.copy_master(mi, y.data());
+        REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+        ho.copy_exp_avg_sq(mi, x.data());
+        co.copy_exp_avg_sq(mi, y.data());
+        REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+        REQUIRE(th.mp[mi] == tc.mp[mi]);
+      }
+      for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) REQUIRE(th.vp[vi] == tc.vp[vi]);
+      REQUIRE(ho.stats().bytes_to_host == co.stats().bytes_to_host);
+      REQUIRE(ho.stats().bytes_to_device == co.stats().bytes_to_device);
+    }
+  }
+}
+
+// Overlap: after step() returns, the offload (D2H + host accumulation) and the window's host
+// AdamW finish while the stream is still busy with the next "forward/backward" (a spinning
+// kernel): host work runs behind the device, not in front of it.
+TEST_CASE("cuda: offload and host update overlap the device's next work" * doctest::skip(!has_gpu())) {
+  const std::size_t rows = 1024, cols = 1024;
+  std::vector<float> hw(rows * cols, 0.5f), hg(rows * cols, 0.01f);
+  auto w = to_device(hw), g = to_device(hg);
+  config cfg;
+  cfg.topk_ratio = 0.1;
+  cfg.update_interval = interval::every(2);
+  cfg.select_interval = interval::every(1000);
+  cfg.overlap_step = true;
+  cudaStream_t stream;
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    optimizer<cuda_space> opt(cfg);
+    opt.add_matrix({w.data(), g.data(), rows, cols});
+    opt.initialize(stream);
+    CHECK(opt.stats().host_pinned_bytes > 0);
+    for (int t = 0; t < 6; ++t) {
+      const step_info info = opt.step(stream, 1.0f);
+      busy_stream(stream, 300.0);  // the next forward/backward
+      opt.scheduler().wait_offload();
+      if (info.boundary) opt.scheduler().wait();
+      // the host side is done and the device is still in the 300 ms kernel
+      CHECK(cudaStreamQuery(stream) == cudaErrorNotReady);
+      ZF_CUDA_TRY(cudaStreamSynchronize(stream));
+    }
+  }
+  ZF_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+// A checkpoint written on one space loads on the other (one file format, the same state), and
+// the two runs then go on with the same bits.
+TEST_CASE("cuda: checkpoints move between spaces" * doctest::skip(!has_gpu())) {
+  const zf_test::scenario sc = zf_test::random_scenario(7);
+  zf_test::trainer th(sc), tc(sc);
+  cuda_buffers cb;
+  optimizer<> ho(sc.cfg);
+  optimizer<cuda_space> co(sc.cfg);
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    const auto& m = sc.mats[mi];
+    ho.add_matrix({th.mp[mi].data(), th.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+    co.add_matrix({cb.device(tc.mp[mi]), cb.device(tc.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
+  }
+  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
+    const auto& v = sc.vecs[vi];
+    ho.add_vector({th.vp[vi].data(), th.vgb[vi].data(), v.n, v.pt, v.gt});
+    co.add_vector({cb.device(tc.vp[vi]), cb.device(tc.vgb[vi]), v.n, v.pt, v.gt});
+  }
+  ho.initialize();
+  co.initialize();
+  std::vector<std::vector<double>> gm, gv;
+  for (int s = 0; s < 17; ++s) {
+    ho.step(float(th.next(gm, gv)));
+    tc.next(gm, gv);  // the same gradient stream, not applied on the GPU side
+  }
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/cuda_space.zfckpt";
+  ho.save(path);
+  co.load(path);
+  for (int s = 0; s < 12; ++s) {
+    CAPTURE(s);
+    const float scale = float(th.next(gm, gv));
+    tc.next(gm, gv);
+    cb.push(tc);
+    ho.step(scale);
+    co.step(scale);
+    cb.pull(tc);
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+      const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
+      std::vector<float> x(n), y(n);
+      ho.copy_master(mi, x.data());
+      co.copy_master(mi, y.data());
+      REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+      REQUIRE(ho.column_counts(mi) == co.column_counts(mi));
+      REQUIRE(th.mp[mi] == tc.mp[mi]);
+    }
+  }
+}
