@@ -28,6 +28,7 @@
 #include <zenflow/zenflow.hpp>
 
 #include "emulated_device.hpp"
+#include "pipeline_common.hpp"
 
 using namespace zf_bench;
 using zenflow::bfloat16;
@@ -35,64 +36,17 @@ using zenflow::dtype;
 
 namespace {
 
-// A Llama-style decoder layer: q, k, v, o (hidden x hidden), gate and up (ffn x hidden), down
-// (hidden x ffn), two RMSNorm weights; bf16 params and grads, column-contiguous (the layout
-// DeepSpeed gives ZenFlow: the fast path of host_copy, for both optimizers alike).
-struct model {
-  struct mat {
-    std::size_t rows, cols;
-  };
-  std::vector<mat> mats;
-  std::vector<std::size_t> vecs;
-  std::size_t params = 0;
-
-  model(std::size_t layers, std::size_t d, std::size_t f) {
-    for (std::size_t l = 0; l < layers; ++l) {
-      for (int k = 0; k < 4; ++k) mats.push_back({d, d});
-      mats.push_back({f, d});
-      mats.push_back({f, d});
-      mats.push_back({d, f});
-      vecs.push_back(d);
-      vecs.push_back(d);
-    }
-    for (auto m : mats) params += m.rows * m.cols;
-    for (auto n : vecs) params += n;
-  }
-
-  // Allocates the params and grads (held by `storage`) and registers them.
-  template <class Opt>
-  void register_with(Opt& opt, std::vector<std::unique_ptr<bfloat16[]>>& storage) const {
-    auto alloc = [&](std::size_t n, float v) {
-      storage.emplace_back(new bfloat16[n]);
-      for (std::size_t i = 0; i < n; ++i) storage.back()[i] = bfloat16(v);
-      return storage.back().get();
-    };
-    for (auto m : mats) {
-      bfloat16* w = alloc(m.rows * m.cols, 0.01f);
-      bfloat16* g = alloc(m.rows * m.cols, 1e-3f);
-      opt.add_matrix({w, g, m.rows, m.cols, dtype::bf16, dtype::bf16, zenflow::matrix_layout::column_contiguous});
-    }
-    for (auto n : vecs) {
-      bfloat16* w = alloc(n, 1.0f);
-      bfloat16* g = alloc(n, 1e-3f);
-      opt.add_vector({w, g, n, dtype::bf16, dtype::bf16});
-    }
-  }
-};
-
-struct result {
-  double step_s = 0, stall_s = 0, host_update_s = 0, device_work_s = 0;
-  double d2h_bytes = 0, h2d_bytes = 0;
-  double link_model_s[2] = {0, 0};
-};
-
 // Runs `warm` steps, then measures `steps` steps: each is forward/backward (the device busy for
 // compute_s) followed by opt.step(). Device idle = step time - compute - modelled device work.
 template <class Opt>
 result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps) {
   std::vector<std::unique_ptr<bfloat16[]>> storage;
   Opt opt(cfg);
-  shape.register_with(opt, storage);
+  shape.register_with(opt, [&](std::size_t n, float v) {
+    storage.emplace_back(new bfloat16[n]);
+    for (std::size_t i = 0; i < n; ++i) storage.back()[i] = bfloat16(v);
+    return static_cast<void*>(storage.back().get());
+  });
   opt.initialize();
   auto one = [&] {
     std::this_thread::sleep_for(std::chrono::duration<double>(compute_s));
@@ -123,27 +77,6 @@ using zenflow_opt = zenflow::optimizer<emulated_space, zenflow::column_topk, emu
 using zero_offload_opt = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
                                             zenflow::simd_accumulator, emulated_link, zenflow::synchronous>;
 
-zenflow::config zero_offload_config(unsigned threads) {
-  zenflow::config c;
-  c.topk_ratio = 0;
-  c.update_interval = zenflow::interval::every(1);
-  c.select_interval = zenflow::interval::every(1);
-  c.overlap_step = false;
-  c.host_threads = threads;
-  return c;
-}
-
-std::string arg(int argc, char** argv, const char* name, const char* def) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return def;
-}
-bool flag(int argc, char** argv, const char* name) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return true;
-  return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,7 +95,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const model shape(layers, hidden, ffn);
-  const double model_bytes = double(shape.params) * 2;  // bf16
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::fprintf(stderr, "model: %zu layers, hidden %zu, ffn %zu: %.1fM params (bf16); %u cores\n", layers, hidden, ffn,
                double(shape.params) / 1e6, cores);
@@ -175,22 +107,7 @@ int main(int argc, char** argv) {
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
 
-  struct point {
-    double r;
-    unsigned U;
-    double compute_frac;
-    double gbps;
-    unsigned threads;
-    const char* sweep;
-  };
-  std::vector<point> points;
-  const point base{0.1, 4, 0.5, 25.0, 0, "base"};
-  points.push_back(base);
-  for (double r : {0.01, 0.05, 0.2}) points.push_back({r, 4, 0.5, 25.0, 0, "topk_ratio"});
-  for (unsigned U : {1u, 2u, 8u}) points.push_back({0.1, U, 0.5, 25.0, 0, "update_interval"});
-  for (double f : {0.25, 1.0, 2.0}) points.push_back({0.1, 4, f, 25.0, 0, "compute"});
-  for (double g : {12.0, 50.0}) points.push_back({0.1, 4, 0.5, g, 0, "link"});
-  if (cores > 1) points.push_back({0.1, 4, 0.5, 25.0, 1, "host_threads"});
+  std::vector<point> points = sweep_points(cores, true);
   if (quick) points.resize(2);
 
   std::map<std::tuple<double, double, unsigned>, result> zo_cache;
@@ -200,32 +117,9 @@ int main(int argc, char** argv) {
     const auto key = std::make_tuple(p.compute_frac, p.gbps, p.threads);
     if (!zo_cache.count(key)) zo_cache[key] = run<zero_offload_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6);
     const result& zo = zo_cache[key];
-    zenflow::config c;
-    c.topk_ratio = p.r;
-    c.update_interval = zenflow::interval::every(p.U);
-    // the default select interval; the measured span (one select interval) holds one reselection
-    c.select_interval = zenflow::interval::every(std::uint32_t(steps));
-    c.overlap_step = true;
-    c.host_threads = p.threads;
-    const result zf = run<zenflow_opt>(shape, c, compute, 16, steps);
-    const double threads_used = p.threads ? p.threads : cores;
-    std::fprintf(out,
-                 "{\"bench\":\"pipeline\",\"device\":\"emulated (host space; sleep for compute, link model)\","
-                 "\"sweep\":\"%s\",\"params\":%zu,\"model_bytes\":%.0f,\"topk_ratio\":%g,\"update_interval\":%u,"
-                 "\"compute_s\":%.5f,\"compute_over_host_update\":%g,\"link_gbps\":%g,\"link_latency_us\":%g,"
-                 "\"host_threads\":%g,\"cores\":%u,"
-                 "\"zenflow\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
-                 "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
-                 "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
-                 "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
-                 "\"speedup\":%.3f,\"stall_reduction\":%.4f}\n",
-                 p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac, p.gbps,
-                 device_model::link_latency_us, threads_used, cores, zf.step_s, zf.stall_s, zf.host_update_s,
-                 zf.device_work_s, zf.d2h_bytes, zf.h2d_bytes, (zf.d2h_bytes + zf.h2d_bytes) / model_bytes,
-                 zf.link_model_s[0], zf.link_model_s[1], zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s,
-                 zo.d2h_bytes, zo.h2d_bytes, (zo.d2h_bytes + zo.h2d_bytes) / model_bytes, zo.link_model_s[0],
-                 zo.link_model_s[1], zo.step_s / zf.step_s, 1.0 - zf.stall_s / zo.stall_s);
-    std::fflush(out);
+    const result zf = run<zenflow_opt>(shape, zenflow_config(p, steps), compute, 16, steps);
+    print_line(out, "emulated (host space; sleep for compute, link model)", p, shape, compute, p.gbps,
+               device_model::link_latency_us, cores, zf, zo);
   }
   if (out != stdout) std::fclose(out);
   return 0;

@@ -510,6 +510,13 @@ class fused_adamw<cuda_space> {
     }
   }
 
+  // The per-column scores of this step, all matrices concatenated (matrix i from column
+  // matrix(i).col0), in device memory: for tests and benchmarks that feed the selector directly.
+  double* device_scores(score_kind kind) noexcept {
+    scores_valid_[0] = scores_valid_[1] = false;
+    return kind == score_kind::l1 ? l1_.data() : sumsq_.data();
+  }
+
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
     for (const auto& s : matrices_) {

@@ -1,0 +1,141 @@
+// What bench/pipeline (emulated device) and bench/pipeline_cuda (a real GPU) share: the model
+// shapes, the sweep, the ZeRO-Offload config and the JSON line of one configuration.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+namespace zf_bench {
+
+// A Llama-style decoder layer: q, k, v, o (hidden x hidden), gate and up (ffn x hidden), down
+// (hidden x ffn), two RMSNorm weights; bf16 params and grads, column-contiguous (the layout
+// DeepSpeed gives ZenFlow: the fast path, for both optimizers alike).
+struct model {
+  struct mat {
+    std::size_t rows, cols;
+  };
+  std::vector<mat> mats;
+  std::vector<std::size_t> vecs;
+  std::size_t params = 0;
+
+  model(std::size_t layers, std::size_t d, std::size_t f) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      for (int k = 0; k < 4; ++k) mats.push_back({d, d});
+      mats.push_back({f, d});
+      mats.push_back({f, d});
+      mats.push_back({d, f});
+      vecs.push_back(d);
+      vecs.push_back(d);
+    }
+    for (auto m : mats) params += m.rows * m.cols;
+    for (auto n : vecs) params += n;
+  }
+
+  // Registers every parameter; alloc(n, value) returns a bf16 buffer of n elements (the
+  // caller's kind of memory) holding value.
+  template <class Opt, class Alloc>
+  void register_with(Opt& opt, Alloc&& alloc) const {
+    for (auto m : mats) {
+      void* w = alloc(m.rows * m.cols, 0.01f);
+      void* g = alloc(m.rows * m.cols, 1e-3f);
+      opt.add_matrix({w, g, m.rows, m.cols, zenflow::dtype::bf16, zenflow::dtype::bf16,
+                      zenflow::matrix_layout::column_contiguous});
+    }
+    for (auto n : vecs) {
+      void* w = alloc(n, 1.0f);
+      void* g = alloc(n, 1e-3f);
+      opt.add_vector({w, g, n, zenflow::dtype::bf16, zenflow::dtype::bf16});
+    }
+  }
+};
+
+struct result {
+  double step_s = 0, stall_s = 0, host_update_s = 0, device_work_s = 0;
+  double d2h_bytes = 0, h2d_bytes = 0;
+  double link_model_s[2] = {0, 0};
+};
+
+inline zenflow::config zero_offload_config(unsigned threads) {
+  zenflow::config c;
+  c.topk_ratio = 0;
+  c.update_interval = zenflow::interval::every(1);
+  c.select_interval = zenflow::interval::every(1);
+  c.overlap_step = false;
+  c.host_threads = threads;
+  return c;
+}
+
+struct point {
+  double r;
+  unsigned U;
+  double compute_frac;  // forward/backward time over ZeRO-Offload's host update time
+  double gbps;          // link bandwidth (emulated only; a GPU has its own)
+  unsigned threads;
+  const char* sweep;
+};
+
+inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
+  std::vector<point> points;
+  points.push_back({0.1, 4, 0.5, 25.0, 0, "base"});
+  for (double r : {0.01, 0.05, 0.2}) points.push_back({r, 4, 0.5, 25.0, 0, "topk_ratio"});
+  for (unsigned U : {1u, 2u, 8u}) points.push_back({0.1, U, 0.5, 25.0, 0, "update_interval"});
+  for (double f : {0.25, 1.0, 2.0}) points.push_back({0.1, 4, f, 25.0, 0, "compute"});
+  if (link_sweep)
+    for (double g : {12.0, 50.0}) points.push_back({0.1, 4, 0.5, g, 0, "link"});
+  if (cores > 1) points.push_back({0.1, 4, 0.5, 25.0, 1, "host_threads"});
+  return points;
+}
+
+// ZenFlow's config at a point; the measured span (one select interval of `steps`) holds one
+// reselection.
+inline zenflow::config zenflow_config(const point& p, int steps) {
+  zenflow::config c;
+  c.topk_ratio = p.r;
+  c.update_interval = zenflow::interval::every(p.U);
+  c.select_interval = zenflow::interval::every(std::uint32_t(steps));
+  c.overlap_step = true;
+  c.host_threads = p.threads;
+  return c;
+}
+
+inline void print_line(FILE* out, const char* device, const point& p, const model& shape, double compute,
+                       double link_gbps, double latency_us, unsigned cores, const result& zf, const result& zo) {
+  const double model_bytes = double(shape.params) * 2;  // bf16
+  const double threads_used = p.threads ? p.threads : cores;
+  std::fprintf(out,
+               "{\"bench\":\"pipeline\",\"device\":\"%s\","
+               "\"sweep\":\"%s\",\"params\":%zu,\"model_bytes\":%.0f,\"topk_ratio\":%g,\"update_interval\":%u,"
+               "\"compute_s\":%.5f,\"compute_over_host_update\":%g,\"link_gbps\":%g,\"link_latency_us\":%g,"
+               "\"host_threads\":%g,\"cores\":%u,"
+               "\"zenflow\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
+               "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
+               "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
+               "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
+               "\"speedup\":%.3f,\"stall_reduction\":%.4f}\n",
+               device, p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac, link_gbps, latency_us,
+               threads_used, cores, zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
+               zf.h2d_bytes, (zf.d2h_bytes + zf.h2d_bytes) / model_bytes, zf.link_model_s[0], zf.link_model_s[1],
+               zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s, zo.d2h_bytes, zo.h2d_bytes,
+               (zo.d2h_bytes + zo.h2d_bytes) / model_bytes, zo.link_model_s[0], zo.link_model_s[1],
+               zo.step_s / zf.step_s, 1.0 - zf.stall_s / zo.stall_s);
+  std::fflush(out);
+}
+
+inline std::string arg(int argc, char** argv, const char* name, const char* def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return def;
+}
+inline bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+}  // namespace zf_bench
