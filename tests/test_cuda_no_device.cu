@@ -9,11 +9,20 @@
 
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <zenflow/cuda.hpp>
 
 using namespace zenflow;
+
+// The optional policy extras the optimizer detects at compile time are detected for CUDA: a
+// false detection would silently skip the transport's reserve() or the device top-k.
+static_assert(reservable_transport<cuda_pinned, cuda_space>);
+static_assert(pinned_transport<cuda_pinned>);
+static_assert(device_topk_updater<fused_adamw<cuda_space>, cuda_space>);
+static_assert(std::is_same_v<default_transport_t<cuda_space>, cuda_pinned>);
+static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);
 
 namespace {
 bool gpu_present() {

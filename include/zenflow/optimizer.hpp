@@ -115,6 +115,7 @@ class optimizer {
       grad_compact_ = {};
       dev_stage_ = {};
       slots_dev_ = {};
+      compacted_ = {};
       lists_dev_.clear();
       async_offload_ = false;
       unselected_.clear();
@@ -218,7 +219,7 @@ class optimizer {
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     if (initialized_) {
       s.host_pageable_bytes = host_.bytes_allocated();
-      if constexpr (requires { transport_.pinned_bytes(); }) s.host_pinned_bytes = transport_.pinned_bytes();
+      if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
       s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size();
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
     }
@@ -656,7 +657,7 @@ class optimizer {
     }
     dev_stage_ = typename Space::template buffer<unsigned char>(stage);
     slots_dev_ = typename Space::template buffer<std::uint32_t>(4 * max_k);
-    if constexpr (requires { transport_.reserve(space_, stage); }) transport_.reserve(space_, stage);
+    if constexpr (reservable_transport<Transport, Space>) transport_.reserve(space_, stage);
     for (std::size_t i = 0; i < matrices_.size(); ++i) load_master(i);
     updater_.load_vectors(space_);
     if constexpr (Scheduler::concurrent) {
@@ -669,6 +670,7 @@ class optimizer {
           bytes += align_up((p.cols - updater_.matrix(i).k) * p.rows * size_of(p.grad_type));
         }
         grad_compact_ = typename Space::template buffer<unsigned char>(bytes);
+        compacted_.create();
         compact_offset_.assign(matrices_.size(), 0);
         async_offload_ = true;
       }
@@ -883,7 +885,7 @@ class optimizer {
   void select() {
     std::vector<std::vector<std::uint32_t>> chosen(matrices_.size());
     bool done = false;
-    if constexpr (requires { updater_.select_topk(space_, cfg_.score, chosen); }) {
+    if constexpr (device_topk_updater<GpuUpdater, Space>) {
       if constexpr (std::is_same_v<Selector, column_topk>) {
         updater_.select_topk(space_, cfg_.score, chosen);
         done = true;

@@ -5,6 +5,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "adamw.hpp"
 #include "config.hpp"
@@ -47,6 +48,21 @@ concept transport_policy = requires(T& t, const void* src, void* dst) {
   { t.bytes_to_host() } -> std::convertible_to<std::uint64_t>;
   { t.bytes_to_device() } -> std::convertible_to<std::uint64_t>;
 };
+
+// Optional extras, detected at compile time (a CUDA build pins them with static_asserts, since a
+// silently false detection would skip them):
+// a Transport that needs the space and the largest piece before use (cuda_pinned)
+template <class T, class Space>
+concept reservable_transport = requires(T& t, Space& s, std::size_t n) { t.reserve(s, n); };
+// a Transport that holds page-locked memory, reported by stats()
+template <class T>
+concept pinned_transport = requires(const T& t) {
+  { t.pinned_bytes() } -> std::convertible_to<std::size_t>;
+};
+// a GpuUpdater that selects the top-k columns of every matrix on the device
+template <class T, class Space>
+concept device_topk_updater =
+    requires(T& u, Space& s, std::vector<std::vector<std::uint32_t>>& out) { u.select_topk(s, score_kind::l1, out); };
 
 template <class T>
 concept host_accumulator_policy = requires(T& h, const void* src, const std::uint32_t* list, const adamw_hyper& hyper) {

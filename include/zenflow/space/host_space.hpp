@@ -42,7 +42,9 @@ class host_space {
   // ---- the primitives the optimizer orders (a GPU space enqueues them on its stream) ----------
   struct no_stream {};
   using stream_type = no_stream;  // host work is ordered by the calling thread
-  struct event {};                // a point in the device's work (nothing to wait for here)
+  struct event {                  // a point in the device's work (nothing to wait for here)
+    void create() noexcept {}     // (a GPU space creates its event here, not during a step)
+  };
   void initialize() {}            // a GPU space checks its device here
   void set_stream(stream_type) noexcept {}
   void record(event&) noexcept {}

@@ -107,6 +107,7 @@ class cuda_pinned {
     ready();
     if (chunk > chunk_ || chunk == 0) throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
     if (bytes == 0) return;
+    ZF_CUDA_TRY(cudaSetDevice(space_->device()));  // this runs on the scheduler's own thread
     if (ready_at.get()) ZF_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, ready_at.get(), 0));
     const auto* in = static_cast<const unsigned char*>(src);
     const std::size_t pieces = (bytes + chunk - 1) / chunk;
