@@ -83,6 +83,29 @@ struct cuda_buffers {
   }
 };
 
+// One scenario on both spaces: a trainer each (the same gradient stream), the host optimizer on
+// host buffers, the CUDA one on device copies, both initialised.
+struct lockstep {
+  zf_test::trainer th, tc;
+  cuda_buffers cb;
+  optimizer<> ho;
+  optimizer<cuda_space> co;
+  explicit lockstep(const zf_test::scenario& sc) : th(sc), tc(sc), ho(sc.cfg), co(sc.cfg) {
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+      const auto& m = sc.mats[mi];
+      ho.add_matrix({th.mp[mi].data(), th.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+      co.add_matrix({cb.device(tc.mp[mi]), cb.device(tc.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
+    }
+    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
+      const auto& v = sc.vecs[vi];
+      ho.add_vector({th.vp[vi].data(), th.vgb[vi].data(), v.n, v.pt, v.gt});
+      co.add_vector({cb.device(tc.vp[vi]), cb.device(tc.vgb[vi]), v.n, v.pt, v.gt});
+    }
+    ho.initialize();
+    co.initialize();
+  }
+};
+
 __global__ void spin(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
@@ -274,22 +297,12 @@ TEST_CASE("cuda: cuda_space and host_space give bit-identical runs" * doctest::s
   for (std::uint64_t seed = 401; seed <= 440; ++seed) {
     CAPTURE(seed);
     const zf_test::scenario sc = zf_test::random_scenario(seed);
-    zf_test::trainer th(sc), tc(sc);
-    cuda_buffers cb;
-    optimizer<> ho(sc.cfg);
-    optimizer<cuda_space> co(sc.cfg);
-    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
-      const auto& m = sc.mats[mi];
-      ho.add_matrix({th.mp[mi].data(), th.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
-      co.add_matrix({cb.device(tc.mp[mi]), cb.device(tc.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
-    }
-    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
-      const auto& v = sc.vecs[vi];
-      ho.add_vector({th.vp[vi].data(), th.vgb[vi].data(), v.n, v.pt, v.gt});
-      co.add_vector({cb.device(tc.vp[vi]), cb.device(tc.vgb[vi]), v.n, v.pt, v.gt});
-    }
-    ho.initialize();
-    co.initialize();
+    lockstep ls(sc);
+    auto& th = ls.th;
+    auto& tc = ls.tc;
+    auto& cb = ls.cb;
+    auto& ho = ls.ho;
+    auto& co = ls.co;
     std::vector<std::vector<double>> g1, g2, v1, v2;
     for (int step = 0; step < sc.steps; ++step) {
       CAPTURE(step);
@@ -357,22 +370,12 @@ TEST_CASE("cuda: offload and host update overlap the device's next work" * docte
 // the two runs then go on with the same bits.
 TEST_CASE("cuda: checkpoints move between spaces" * doctest::skip(!has_gpu())) {
   const zf_test::scenario sc = zf_test::random_scenario(7);
-  zf_test::trainer th(sc), tc(sc);
-  cuda_buffers cb;
-  optimizer<> ho(sc.cfg);
-  optimizer<cuda_space> co(sc.cfg);
-  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
-    const auto& m = sc.mats[mi];
-    ho.add_matrix({th.mp[mi].data(), th.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
-    co.add_matrix({cb.device(tc.mp[mi]), cb.device(tc.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
-  }
-  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
-    const auto& v = sc.vecs[vi];
-    ho.add_vector({th.vp[vi].data(), th.vgb[vi].data(), v.n, v.pt, v.gt});
-    co.add_vector({cb.device(tc.vp[vi]), cb.device(tc.vgb[vi]), v.n, v.pt, v.gt});
-  }
-  ho.initialize();
-  co.initialize();
+  lockstep ls(sc);
+  auto& th = ls.th;
+  auto& tc = ls.tc;
+  auto& cb = ls.cb;
+  auto& ho = ls.ho;
+  auto& co = ls.co;
   std::vector<std::vector<double>> gm, gv;
   for (int s = 0; s < 17; ++s) {
     ho.step(float(th.next(gm, gv)));
