@@ -140,9 +140,12 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
       double a = 0.0, q = 0.0;
       bool finite = true;
       if (c < s.cols) {
-        for (std::uint64_t i = lane; i < s.rows; i += 32) {
+        // rows of this column (a vector's last chunk is shorter); the loads of several
+        // iterations may be in flight at once, the additions stay in order
+        const std::uint64_t end = s.n && s.n - c * s.rows < s.rows ? s.n - c * s.rows : s.rows;
+#pragma unroll 4
+        for (std::uint64_t i = lane; i < end; i += 32) {
           const std::uint64_t at = c * s.rows + i;
-          if (s.n && at >= s.n) break;
           const float v = load_float(s.grad, s.type, at);
           finite = finite && (v - v == 0.0f);
           a = a + double(fabsf(v));
@@ -158,6 +161,7 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
     bool finite = true;
     const std::uint64_t c = c0 + x;
     if (c < s.cols) {
+#pragma unroll 2
       for (std::uint64_t base = 0; base < s.rows; base += 32)
         for (unsigned u = 0; u < 4; ++u) {
           const std::uint64_t i = base + y + 8 * u;
