@@ -3,8 +3,9 @@
 //    vectors, any dtype): per-column L1 and sum of squares, non-finite flags and the 32-column
 //    group partials; a second one-block launch folds the partials into the global sum of
 //    squares. Both follow the canonical order of functors.hpp, so the values are the host
-//    space's bits. The step's only wait for the device is here: the finite flag and the norm
-//    (16 bytes) are read back, because step() returns whether the step was applied.
+//    space's bits. The finite flag and the norm (16 bytes) are read back, because step()
+//    returns whether the step was applied: with the overlapped offload this is a step's only
+//    wait for the device (warm-up and synchronous steps also wait for their transfers).
 //  - select_topk: the k best columns of every matrix in one sort over all matrices
 //    (cub::DeviceSegmentedSort::StableSortPairsDescending: equal scores keep ascending column
 //    order, the host selector's tie rule), then flags and cub::DeviceSelect::Flagged, which yields

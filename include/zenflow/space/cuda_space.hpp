@@ -179,9 +179,6 @@ class cuda_space {
     ZF_CUDA_TRY(cudaGetLastError());
   }
 
-  void copy(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
-  }
   // Complete on return (waits for the stream up to this point).
   void download(void* host_dst, const void* src, std::size_t bytes) {
     if (!bytes) return;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include <oneapi/tbb/blocked_range.h>
@@ -50,25 +51,25 @@ class host_space {
   void record(event&) noexcept {}
   void fence() noexcept {}  // every device operation ordered so far has finished
 
-  // Device -> device copy.
-  static void copy(void* dst, const void* src, std::size_t bytes) noexcept {
-    if (bytes) std::memcpy(dst, src, bytes);
-  }
   // Device -> host memory, complete on return; host -> device, the host buffer reusable on
   // return. Control data only (column lists, checkpoints): the bytes of training traffic go
   // through the Transport, which counts them.
-  static void download(void* host_dst, const void* src, std::size_t bytes) noexcept { copy(host_dst, src, bytes); }
-  static void upload(void* dst, const void* host_src, std::size_t bytes) noexcept { copy(dst, host_src, bytes); }
+  static void download(void* host_dst, const void* src, std::size_t bytes) noexcept {
+    if (bytes) std::memcpy(host_dst, src, bytes);
+  }
+  static void upload(void* dst, const void* host_src, std::size_t bytes) noexcept {
+    if (bytes) std::memcpy(dst, host_src, bytes);
+  }
 
   // Columns list[0..n) of a device matrix into a compact [n][rows] device block (list in device
   // memory), and back: the block's columns into the listed columns of a matrix.
   static void compact_columns(const void* src, dtype t, matrix_layout layout, std::size_t rows, std::size_t cols,
                               const std::uint32_t* list, std::size_t n, void* dst) noexcept {
-    detail::gather_columns(src, size_of(t), layout, rows, cols, list, n, dst);
+    move_columns<false>(src, dst, size_of(t), layout, rows, cols, list, n);
   }
   static void scatter_columns(const void* block, dtype t, void* dst, matrix_layout layout, std::size_t rows,
                               std::size_t cols, const std::uint32_t* list, std::size_t n) noexcept {
-    detail::scatter_columns(block, size_of(t), dst, layout, rows, cols, list, n);
+    move_columns<true>(block, dst, size_of(t), layout, rows, cols, list, n);
   }
   // Fixed-width slots (a selected column's state): dst[dst_slot[k]] = src[src_slot[k]] for k < n,
   // a null slot list meaning the identity (slot k).
@@ -81,6 +82,25 @@ class host_space {
   }
 
  private:
+  // Between column list[k] of a [rows] x [cols] matrix of es-byte elements and column k of a
+  // compact [n][rows] block: gather (matrix -> block) or scatter (block -> matrix).
+  template <bool Scatter>
+  static void move_columns(const void* src, void* dst, std::size_t es, matrix_layout layout, std::size_t rows,
+                           std::size_t cols, const std::uint32_t* list, std::size_t n) noexcept {
+    const auto* in = static_cast<const unsigned char*>(src);
+    auto* out = static_cast<unsigned char*>(dst);
+    auto move = [&](std::size_t at, std::size_t block, std::size_t len) {  // byte offsets
+      if (Scatter) std::memcpy(out + at, in + block, len);
+      else std::memcpy(out + block, in + at, len);
+    };
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t c = list[k];
+      if (layout == matrix_layout::column_contiguous) move(c * rows * es, k * rows * es, rows * es);
+      else
+        for (std::size_t i = 0; i < rows; ++i) move((i * cols + c) * es, (k * rows + i) * es, es);
+    }
+  }
+
   tbb::task_arena arena_;
 };
 
