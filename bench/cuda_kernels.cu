@@ -1,15 +1,21 @@
 // The GPU kernels of cuda_space against the device's own copy speed, measured side by side in
-// one run, as JSON lines:
-//  - gradient_pass: the fused pass (finite check, norm partials, column scores) over one
-//    matrix; bytes = the gradient read once. ratio = its GB/s over a device-to-device copy's
-//    GB/s (bytes read + written) of the same bytes, timed alternately in the same run.
-//  - fused_adamw: the selective AdamW with every column selected; bytes = fp32 master and both
-//    moments read and written, the gradient read, the param written. The copy moves the same
-//    number of bytes (half read, half written).
-//  - topk: the column top-k of every matrix of a Llama-2-7B-shaped model (32 layers: q, k, v, o
-//    4096x4096; gate, up 11008x4096; down 4096x11008; one score per input feature) in one call,
-//    topk_ratio 0.1, from device scores to the host's sorted column lists.
-// Usage: cuda_kernels [--quick]   (quick: 16M elements, 5 repetitions)
+// one run, as JSON lines. The layer set is Llama-2-7B-shaped (32 layers: q, k, v, o 4096x4096;
+// gate, up 11008x4096; down 4096x11008; cols = input features, one score each; bf16 params and
+// grads), 224 matrices, 6.48G elements. Each kernel is timed with CUDA events around its launches
+// only (no host round trip inside the timed region), alternated with a device-to-device copy
+// that moves the same number of bytes (read + written); ratio = the kernel's GB/s over the
+// copy's. Bytes are what each kernel must move:
+//  - gradient_pass: every gradient read once (the per-column outputs, 8 B per column, are
+//    counted too); both layouts, bf16 and f32 gradients;
+//  - compact: the unselected 90 % of every matrix's columns read and written once (the
+//    per-step offload's compaction), both layouts;
+//  - fused_adamw: the selected 10 % of the columns: fp32 master and both moments read and
+//    written, the gradient read, the param written;
+//  - topk: the column top-k of all 224 matrices in one call, from device scores to the host's
+//    sorted lists (host wall time, read-back included; goal 1 ms);
+//  - step_overheads: per-step GPU idle inside step(): the summary read-back (host wall time of
+//    gradient_pass() minus its kernels' device time) and a selection step's top-k.
+// Usage: cuda_kernels [--quick]   (quick: 4 layers, 5 repetitions)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <zenflow/cuda.hpp>
@@ -84,11 +91,33 @@ std::pair<double, double> side_by_side(cudaStream_t s, int reps, std::size_t cop
 
 const char* layout_name(matrix_layout l) { return l == matrix_layout::row_major ? "row_major" : "column_contiguous"; }
 
+struct shape {
+  std::size_t rows, cols;
+};
+std::vector<shape> llama_layers(int layers) {
+  std::vector<shape> v;
+  for (int l = 0; l < layers; ++l)
+    for (shape sh : {shape{4096, 4096}, shape{4096, 4096}, shape{4096, 4096}, shape{4096, 4096}, shape{11008, 4096},
+                     shape{11008, 4096}, shape{4096, 11008}})
+      v.push_back(sh);
+  return v;
+}
+
+void print_ratio(const char* kernel, const char* extra, std::size_t bytes, double tw, double tc, const char* gpu,
+                 int reps) {
+  const double gbps = double(bytes) / tw / 1e9, copy = double(bytes) / tc / 1e9;
+  std::printf("{\"kernel\":\"%s\",%s\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,\"copy_gbps\":%.4g,"
+              "\"ratio\":%.4f,\"goal_ratio\":0.8,\"gpu\":\"%s\",\"reps\":%d}\n",
+              kernel, extra, bytes, tw, gbps, copy, gbps / copy, gpu, reps);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  const int reps = quick ? 5 : 20;
+  const int reps = quick ? 5 : 15;
+  const int layers = quick ? 4 : 32;
   cuda_space space;
   space.initialize();
   cudaDeviceProp prop{};
@@ -96,69 +125,128 @@ int main(int argc, char** argv) try {
   cudaStream_t s;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   space.set_stream(s);
-  const std::vector<std::size_t> sizes = quick ? std::vector<std::size_t>{16u << 20}
-                                               : std::vector<std::size_t>{64u << 20, 128u << 20};
+  const std::vector<shape> shapes = llama_layers(layers);
+  std::size_t elems = 0, total_cols = 0;
+  for (const shape& sh : shapes) {
+    elems += sh.rows * sh.cols;
+    total_cols += sh.cols;
+  }
+  char extra[256];
 
-  // gradient pass
-  for (std::size_t n : sizes)
-    for (dtype gt : {dtype::bf16, dtype::f32})
-      for (matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major}) {
-        const std::size_t rows = 8192, cols = n / rows, bytes = n * size_of(gt);
-        device_array<unsigned char> g(bytes);
-        ZF_CUDA_TRY(cudaMemset(g.data(), 0x3c, bytes));  // finite values in every dtype
-        fused_adamw<cuda_space> u;
-        u.add_matrix({nullptr, g.data(), rows, cols, dtype::bf16, gt, layout}, column_topk::k(0.1, cols));
-        u.allocate();
-        const auto [tw, tc] = side_by_side(s, reps, 2 * bytes, [&] { u.gradient_pass(space); });
-        const double gbps = double(bytes) / tw / 1e9, copy = 2.0 * double(bytes) / tc / 1e9;
-        std::printf("{\"kernel\":\"gradient_pass\",\"n\":%zu,\"grad\":\"%s\",\"layout\":\"%s\",\"seconds\":%.6g,"
-                    "\"gbps\":%.4g,\"copy_gbps\":%.4g,\"ratio\":%.4f,\"gpu\":\"%s\",\"reps\":%d}\n",
-                    n, std::string(name_of(gt)).c_str(), layout_name(layout), tw, gbps, copy, gbps / copy, prop.name,
-                    reps);
+  // gradient pass over the whole layer set
+  for (dtype gt : {dtype::bf16, dtype::f32})
+    for (matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major}) {
+      device_array<unsigned char> g(elems * size_of(gt));
+      ZF_CUDA_TRY(cudaMemsetAsync(g.data(), 0x3c, g.size(), s));  // finite values in every dtype
+      fused_adamw<cuda_space> u;
+      std::size_t at = 0;
+      for (const shape& sh : shapes) {
+        u.add_matrix({nullptr, g.data() + at * size_of(gt), sh.rows, sh.cols, dtype::bf16, gt, layout},
+                     column_topk::k(0.1, sh.cols));
+        at += sh.rows * sh.cols;
+      }
+      u.allocate();
+      const std::size_t bytes = g.size() + 18 * total_cols;  // grads read; l1, sumsq, flag written
+      const auto [tw, tc] = side_by_side(s, reps, bytes, [&] { u.enqueue_gradient_pass(space); });
+      std::snprintf(extra, sizeof extra, "\"model\":\"llama2-7b\",\"layers\":%d,\"grad\":\"%s\",\"layout\":\"%s\",",
+                    layers, std::string(name_of(gt)).c_str(), layout_name(layout));
+      print_ratio("gradient_pass", extra, bytes, tw, tc, prop.name, reps);
+      if (gt == dtype::bf16 && layout == matrix_layout::column_contiguous) {
+        // the per-step read-back: host wall time of gradient_pass() against its kernels' time
+        std::vector<double> wall;
+        for (int r = -1; r < reps; ++r) {
+          ZF_CUDA_TRY(cudaStreamSynchronize(s));
+          const auto t0 = std::chrono::steady_clock::now();
+          (void)u.gradient_pass(space);
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (r >= 0) wall.push_back(dt);
+        }
+        const double w = median(wall);
+        std::printf("{\"kernel\":\"step_overheads\",\"what\":\"summary_readback\",\"model\":\"llama2-7b\",\"layers\":%d,"
+                    "\"wall_seconds\":%.6g,\"kernel_seconds\":%.6g,\"gpu_idle_seconds\":%.6g,\"gpu\":\"%s\",\"reps\":%d}\n",
+                    layers, w, tw, w > tw ? w - tw : 0.0, prop.name, reps);
         std::fflush(stdout);
       }
-
-  // fused selective AdamW, every column selected
-  for (std::size_t n : sizes)
-    for (dtype t : {dtype::bf16, dtype::f32}) {
-      const std::size_t rows = 4096, cols = n / rows;
-      device_array<unsigned char> p(n * size_of(t)), g(n * size_of(t));
-      ZF_CUDA_TRY(cudaMemset(g.data(), 0x3c, n * size_of(t)));
-      fused_adamw<cuda_space> u;
-      u.add_matrix({p.data(), g.data(), rows, cols, t, t, matrix_layout::column_contiguous}, cols);
-      u.allocate();
-      std::vector<std::uint32_t> all(cols);
-      for (std::size_t c = 0; c < cols; ++c) all[c] = std::uint32_t(c);
-      space.upload(u.matrix(0).columns[0].data(), all.data(), 4 * cols);
-      u.matrix(0).active = cols;
-      const std::size_t bytes = n * (24 + 2 * size_of(t));
-      const adamw_hyper h;
-      const auto [tw, tc] = side_by_side(s, reps, bytes, [&] { u.update(space, 1.0f, h); });
-      const double gbps = double(bytes) / tw / 1e9, copy = double(bytes) / tc / 1e9;
-      std::printf("{\"kernel\":\"fused_adamw\",\"n\":%zu,\"dtype\":\"%s\",\"seconds\":%.6g,\"gbps\":%.4g,"
-                  "\"copy_gbps\":%.4g,\"ratio\":%.4f,\"gpu\":\"%s\",\"reps\":%d}\n",
-                  n, std::string(name_of(t)).c_str(), tw, gbps, copy, gbps / copy, prop.name, reps);
-      std::fflush(stdout);
     }
 
-  // top-k over a Llama-2-7B-shaped model in one call
+  // compaction of the unselected 90 % of every matrix (bf16)
+  for (matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major}) {
+    device_array<unsigned char> g(elems * 2);
+    ZF_CUDA_TRY(cudaMemsetAsync(g.data(), 0x3c, g.size(), s));
+    std::vector<device_array<std::uint32_t>> lists;
+    std::vector<std::size_t> counts;
+    std::size_t moved = 0;
+    for (const shape& sh : shapes) {
+      const std::size_t k = column_topk::k(0.1, sh.cols);
+      std::vector<std::uint32_t> un;  // every column but a spread-out 10 %
+      for (std::size_t c = 0; c < sh.cols; ++c)
+        if ((c * k) % sh.cols >= k) un.push_back(std::uint32_t(c));
+      lists.emplace_back(un.size());
+      space.upload(lists.back().data(), un.data(), 4 * un.size());
+      counts.push_back(un.size());
+      moved += un.size() * sh.rows;
+    }
+    device_array<unsigned char> out(moved * 2);
+    const std::size_t bytes = 2 * moved * 2 + 4 * [&] {
+      std::size_t n = 0;
+      for (std::size_t c : counts) n += c;
+      return n;
+    }();
+    const auto [tw, tc] = side_by_side(s, reps, bytes, [&] {
+      std::size_t at = 0, src = 0;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        space.compact_columns(g.data() + src * 2, dtype::bf16, layout, shapes[i].rows, shapes[i].cols,
+                              lists[i].data(), counts[i], out.data() + at * 2);
+        at += counts[i] * shapes[i].rows;
+        src += shapes[i].rows * shapes[i].cols;
+      }
+    });
+    std::snprintf(extra, sizeof extra, "\"model\":\"llama2-7b\",\"layers\":%d,\"dtype\":\"bf16\",\"layout\":\"%s\",",
+                  layers, layout_name(layout));
+    print_ratio("compact", extra, bytes, tw, tc, prop.name, reps);
+  }
+
+  // fused selective AdamW on the selected 10 % (bf16 params and grads; f32 would not fit in
+  // 80 GB next to the copy buffers at this size)
+  for (dtype t : {dtype::bf16}) {
+    device_array<unsigned char> p(elems * size_of(t)), g(elems * size_of(t));
+    ZF_CUDA_TRY(cudaMemsetAsync(g.data(), 0x3c, g.size(), s));
+    fused_adamw<cuda_space> u;
+    std::size_t at = 0, sel = 0;
+    for (const shape& sh : shapes) {
+      u.add_matrix({p.data() + at * size_of(t), g.data() + at * size_of(t), sh.rows, sh.cols, t, t,
+                    matrix_layout::column_contiguous},
+                   column_topk::k(0.1, sh.cols));
+      at += sh.rows * sh.cols;
+    }
+    u.allocate();
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      auto& m = u.matrix(i);
+      std::vector<std::uint32_t> cols(m.k);
+      for (std::size_t j = 0; j < m.k; ++j) cols[j] = std::uint32_t(j * (shapes[i].cols / m.k));
+      space.upload(m.columns[0].data(), cols.data(), 4 * m.k);
+      m.active = m.k;
+      sel += m.k * shapes[i].rows;
+    }
+    const std::size_t bytes = sel * (24 + 2 * size_of(t));
+    const adamw_hyper h;
+    const auto [tw, tc] = side_by_side(s, reps, bytes, [&] { u.update(space, 1.0f, h); });
+    std::snprintf(extra, sizeof extra, "\"model\":\"llama2-7b\",\"layers\":%d,\"dtype\":\"%s\",\"selected\":0.1,",
+                  layers, std::string(name_of(t)).c_str());
+    print_ratio("fused_adamw", extra, bytes, tw, tc, prop.name, reps);
+  }
+
+  // top-k over the layer set in one call (a selection step's device work and read-back)
   {
     fused_adamw<cuda_space> u;
-    const int layers = quick ? 4 : 32;
-    std::size_t total = 0, nmat = 0;
-    for (int l = 0; l < layers; ++l)
-      for (auto [rows, cols] : {std::pair<std::size_t, std::size_t>{4096, 4096}, {4096, 4096}, {4096, 4096},
-                                {4096, 4096}, {11008, 4096}, {11008, 4096}, {4096, 11008}}) {
-        // the scores are written directly; the param and grad are never read
-        u.add_matrix({nullptr, nullptr, rows, cols, dtype::bf16, dtype::bf16}, column_topk::k(0.1, cols));
-        total += cols;
-        ++nmat;
-      }
+    for (const shape& sh : shapes)  // the scores are written directly; params and grads are never read
+      u.add_matrix({nullptr, nullptr, sh.rows, sh.cols, dtype::bf16, dtype::bf16}, column_topk::k(0.1, sh.cols));
     u.allocate();
     std::vector<double> times;
     std::vector<std::vector<std::uint32_t>> out;
     for (int r = -1; r < reps; ++r) {
-      fill_scores<<<unsigned((total + 255) / 256), 256, 0, s>>>(u.device_scores(score_kind::l1), total, 77 + r);
+      fill_scores<<<unsigned((total_cols + 255) / 256), 256, 0, s>>>(u.device_scores(score_kind::l1), total_cols,
+                                                                     77 + r);
       ZF_CUDA_TRY(cudaStreamSynchronize(s));
       const auto t0 = std::chrono::steady_clock::now();
       u.select_topk(space, score_kind::l1, out);
@@ -167,7 +255,51 @@ int main(int argc, char** argv) try {
     }
     std::printf("{\"kernel\":\"topk\",\"model\":\"llama2-7b\",\"layers\":%d,\"matrices\":%zu,\"columns\":%zu,"
                 "\"topk_ratio\":0.1,\"seconds\":%.6g,\"goal_seconds\":0.001,\"gpu\":\"%s\",\"reps\":%d}\n",
-                layers, nmat, total, median(times), prop.name, reps);
+                layers, shapes.size(), total_cols, median(times), prop.name, reps);
+  }
+  // The pinned transport over the host link, per direction, against a plain cudaMemcpyAsync of
+  // the same bytes between device memory and one page-locked buffer (the link's own speed):
+  //  - d2h: stream_to_host (the offload lane: pieces into the two pinned lane buffers, each
+  //    handed to a consumer that does nothing, so only the transport is timed);
+  //  - h2d: to_device from pageable memory (each piece copied into a pinned buffer, then DMA).
+  // Piece sizes: the optimizer's (columns of the largest matrix that fit its staging, ~2 MB at
+  // this shape) and 32 MB.
+  {
+    const std::size_t bytes = quick ? (std::size_t(256) << 20) : (std::size_t(2) << 30);
+    device_array<unsigned char> d(bytes);
+    pinned_array<unsigned char> pinned(bytes);
+    std::vector<unsigned char> pageable(bytes, 1);
+    auto wall = [&](auto&& f) {
+      std::vector<double> t;
+      for (int r = -1; r < reps; ++r) {
+        ZF_CUDA_TRY(cudaStreamSynchronize(s));
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        ZF_CUDA_TRY(cudaStreamSynchronize(s));
+        if (r >= 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return median(t);
+    };
+    const double plain_d2h = wall([&] {
+      ZF_CUDA_TRY(cudaMemcpyAsync(pinned.data(), d.data(), bytes, cudaMemcpyDeviceToHost, s));
+    });
+    const double plain_h2d = wall([&] {
+      ZF_CUDA_TRY(cudaMemcpyAsync(d.data(), pinned.data(), bytes, cudaMemcpyHostToDevice, s));
+    });
+    for (std::size_t piece : {std::size_t(4096) * 2 * 256, std::size_t(32) << 20}) {
+      cuda_pinned tr;
+      tr.reserve(space, piece);
+      cuda_space::event none;
+      const double d2h = wall([&] { tr.stream_to_host(none, d.data(), bytes, piece, [](const void*, std::size_t, std::size_t) {}); });
+      const double h2d = wall([&] { tr.to_device(d.data(), pageable.data(), bytes); });
+      for (auto [dir, t, plain] : {std::tuple{"d2h", d2h, plain_d2h}, std::tuple{"h2d", h2d, plain_h2d}})
+        std::printf("{\"kernel\":\"transport\",\"direction\":\"%s\",\"path\":\"%s\",\"piece_bytes\":%zu,"
+                    "\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,\"plain_gbps\":%.4g,\"ratio\":%.4f,"
+                    "\"goal_ratio\":0.9,\"gpu\":\"%s\",\"reps\":%d}\n",
+                    dir, std::string(dir) == "d2h" ? "stream_to_host" : "to_device_pageable", piece, bytes, t,
+                    double(bytes) / t / 1e9, double(bytes) / plain / 1e9, plain / t, prop.name, reps);
+      std::fflush(stdout);
+    }
   }
   ZF_CUDA_TRY(cudaStreamDestroy(s));
   return 0;

@@ -75,6 +75,23 @@ TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, 
   CHECK(t.bytes_to_host() == 0);
 }
 
+// The launch check (the same logic on any machine): a launch's failure throws, naming CUDA's
+// error; cudaErrorNotReady, a stream or event query's answer that the runtime may keep as the
+// thread's last error, is not a launch failure and must not fail the optimizer's next step.
+TEST_CASE("launch check: a query's NotReady passes, a launch error throws") {
+  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaSuccess, "f.cu", 1));
+  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorNotReady, "f.cu", 1));
+  try {
+    cuda_detail::check_launch_status(cudaErrorInvalidConfiguration, "f.cu", 7);
+    FAIL("an invalid launch configuration passed the check");
+  } catch (const cuda_error& e) {
+    CHECK(e.code() == cudaErrorInvalidConfiguration);
+    const std::string what = e.what();
+    CHECK(what.find("kernel launch failed at f.cu:7") != std::string::npos);
+    CHECK(what.find("cudaErrorInvalidConfiguration") != std::string::npos);
+  }
+}
+
 int main(int argc, char** argv) {
   if (gpu_present()) {
     std::printf("zenflow cuda tests: a GPU is present: the no-device tests are skipped\n");

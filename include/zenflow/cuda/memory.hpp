@@ -21,11 +21,14 @@ class raw_array {
     else ZF_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
     p_ = static_cast<T*>(p);
     if constexpr (!Pinned) {
-      // zeroed like the host space's arrays, so no state ever starts as garbage
-      const cudaError_t e = cudaMemset(p_, 0, n * sizeof(T));
+      // zeroed like the host space's arrays, so no state ever starts as garbage; complete on
+      // return, so the zeroing cannot land after a later copy or kernel on another stream (a
+      // non-blocking stream is not ordered after the default stream)
+      cudaError_t e = cudaMemsetAsync(p_, 0, n * sizeof(T), cudaStreamLegacy);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
       if (e != cudaSuccess) {
         release();
-        throw_error(e, "cudaMemset", __FILE__, __LINE__);
+        throw_error(e, "zeroing new device memory", __FILE__, __LINE__);
       }
     } else {
       for (std::size_t i = 0; i < n; ++i) p_[i] = T{};

@@ -92,29 +92,62 @@ __device__ int find_segment(const Seg* segs, int n, std::uint64_t x, First first
   return lo;
 }
 
-__device__ __forceinline__ float load_float(const void* p, dtype t, std::uint64_t i) {
-  switch (t) {
-    case dtype::bf16: return to_float(static_cast<const bfloat16*>(p)[i]);
-    case dtype::f16: return to_float(static_cast<const float16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
 // lane_tree of functors.hpp across a warp: lane j gets v_j + v_{j+off} for off = 16..1.
 __device__ __forceinline__ double warp_tree(double v) {
   for (int off = 16; off > 0; off /= 2) v = v + __shfl_down_sync(0xffffffffu, v, off);
   return v;
 }
 
-// One block per 32-column group, 256 threads (8 warps).
-__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, double* partials,
-                                                     unsigned char* group_bad) {
-  __shared__ double lane_a[32][33], lane_q[32][33];
-  __shared__ int lane_bad[32];
-  __shared__ double col_q[32];
-  __shared__ int col_bad[32];
-  const std::uint64_t g = blockIdx.x;
-  const grad_segment& s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
+// One value into a lane's running sums, in the canonical form: |x| and x*x of the float taken in
+// double (both exact), added in order. One conversion; fabs is a free operand modifier.
+__device__ __forceinline__ void accumulate(float v, double& a, double& q, bool& finite) {
+  finite = finite && (v - v == 0.0f);
+  const double d = v;
+  a = a + fabs(d);
+  q = q + d * d;
+}
+
+// Loads per lane in flight in the gradient pass's main loops: the additions stay in row order,
+// only the loads are issued ahead (a warp then has Unroll loads outstanding instead of one).
+inline constexpr unsigned grad_unroll = 8;
+
+// Lane sums of one contiguous run of `end` values (a column, or a vector's chunk): lane j adds
+// values j, j+32, ... in order. Full tiles of 32*Unroll values load without bounds checks.
+template <class G>
+__device__ __forceinline__ void contiguous_sums(const G* __restrict__ col, std::uint64_t end, unsigned lane,
+                                                double& a, double& q, bool& finite) {
+  constexpr std::uint64_t tile = 32 * grad_unroll;
+  const std::uint64_t full = end / tile * tile;
+  for (std::uint64_t base = 0; base < full; base += tile) {
+    float v[grad_unroll];
+#pragma unroll
+    for (unsigned u = 0; u < grad_unroll; ++u) v[u] = to_float(col[base + lane + 32 * u]);
+#pragma unroll
+    for (unsigned u = 0; u < grad_unroll; ++u) accumulate(v[u], a, q, finite);
+  }
+  for (std::uint64_t i = full + lane; i < end; i += 32) accumulate(to_float(col[i]), a, q, finite);
+}
+
+// gradient_pass's shared memory (declared once in the kernel: each instantiation of the typed
+// body would otherwise reserve its own).
+struct gradient_shared {
+  double lane_a[32][33], lane_q[32][33];
+  int lane_bad[32];
+  double col_q[32];
+  int col_bad[32];
+};
+
+// The body of gradient_pass for one gradient type (the segment's, dispatched once per block).
+template <class G>
+__device__ __forceinline__ void gradient_group(const grad_segment& s, std::uint64_t g, double* partials,
+                                               unsigned char* group_bad, gradient_shared& sh) {
+  auto& lane_a = sh.lane_a;
+  auto& lane_q = sh.lane_q;
+  auto& lane_bad = sh.lane_bad;
+  auto& col_q = sh.col_q;
+  auto& col_bad = sh.col_bad;
+  const G* __restrict__ grad = static_cast<const G*>(s.grad);
+  const std::uint64_t rows = s.rows, cols = s.cols;
   const std::uint64_t c0 = (g - s.group0) * 32;
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   auto finish_column = [&](unsigned x, double a, double q, bool finite) {
@@ -124,13 +157,13 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
     const bool all_finite = __all_sync(0xffffffffu, finite);
     const std::uint64_t c = c0 + x;
     if (lane == 0) {
-      if (c < s.cols) {
+      if (c < cols) {
         if (s.l1) s.l1[c] = a;
         s.sumsq[c] = q;
         s.bad[c] = all_finite ? 0 : 1;
       }
-      col_q[x] = c < s.cols ? q : 0.0;
-      col_bad[x] = c < s.cols && !all_finite;
+      col_q[x] = c < cols ? q : 0.0;
+      col_bad[x] = c < cols && !all_finite;
     }
   };
   if (s.layout == matrix_layout::column_contiguous) {
@@ -140,18 +173,10 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
       const std::uint64_t c = c0 + x;
       double a = 0.0, q = 0.0;
       bool finite = true;
-      if (c < s.cols) {
-        // rows of this column (a vector's last chunk is shorter); the loads of several
-        // iterations may be in flight at once, the additions stay in order
-        const std::uint64_t end = s.n && s.n - c * s.rows < s.rows ? s.n - c * s.rows : s.rows;
-#pragma unroll 4
-        for (std::uint64_t i = lane; i < end; i += 32) {
-          const std::uint64_t at = c * s.rows + i;
-          const float v = load_float(s.grad, s.type, at);
-          finite = finite && (v - v == 0.0f);
-          a = a + double(fabsf(v));
-          q = q + double(v) * double(v);
-        }
+      if (c < cols) {
+        // rows of this column (a vector's last chunk is shorter)
+        const std::uint64_t end = s.n && s.n - c * rows < rows ? s.n - c * rows : rows;
+        contiguous_sums(grad + c * rows, end, lane, a, q, finite);
       }
       finish_column(x, a, q, finite);
     }
@@ -161,17 +186,21 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
     double a[4] = {0, 0, 0, 0}, q[4] = {0, 0, 0, 0};
     bool finite = true;
     const std::uint64_t c = c0 + x;
-    if (c < s.cols) {
-#pragma unroll 2
-      for (std::uint64_t base = 0; base < s.rows; base += 32)
+    if (c < cols) {
+      const G* __restrict__ col = grad + c;
+      const std::uint64_t full = rows / 64 * 64;
+      for (std::uint64_t base = 0; base < full; base += 64) {  // two 32-row tiles, loads first
+        float v[8];
+#pragma unroll
+        for (unsigned u = 0; u < 8; ++u) v[u] = to_float(col[(base + y + 8 * u) * cols]);
+#pragma unroll
+        for (unsigned u = 0; u < 8; ++u) accumulate(v[u], a[u % 4], q[u % 4], finite);
+      }
+      for (std::uint64_t base = full; base < rows; base += 32)
+#pragma unroll
         for (unsigned u = 0; u < 4; ++u) {
           const std::uint64_t i = base + y + 8 * u;
-          if (i < s.rows) {
-            const float v = load_float(s.grad, s.type, i * s.cols + c);
-            finite = finite && (v - v == 0.0f);
-            a[u] = a[u] + double(fabsf(v));
-            q[u] = q[u] + double(v) * double(v);
-          }
+          if (i < rows) accumulate(to_float(col[i * cols]), a[u], q[u], finite);
         }
     }
     if (threadIdx.x < 32) lane_bad[threadIdx.x] = 0;
@@ -198,15 +227,49 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
   }
 }
 
-// canonical_total of functors.hpp: one block of total_lanes threads.
-__global__ void __launch_bounds__(256) fold_partials(const double* partials, const unsigned char* group_bad,
-                                                     std::uint64_t n, grad_totals* out) {
+// One block per 32-column group, 256 threads (8 warps).
+template <int = 0>
+__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, double* partials,
+                                                     unsigned char* group_bad) {
+  const std::uint64_t g = blockIdx.x;
+  __shared__ gradient_shared sh;
+  const grad_segment s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
+  switch (s.type) {
+    case dtype::bf16: return gradient_group<bfloat16>(s, g, partials, group_bad, sh);
+    case dtype::f16: return gradient_group<float16>(s, g, partials, group_bad, sh);
+    default: return gradient_group<float>(s, g, partials, group_bad, sh);
+  }
+}
+
+// canonical_total of functors.hpp: one block of total_lanes threads. Each thread's entries are
+// loaded several at a time and added in order.
+template <int = 0>
+__global__ void __launch_bounds__(256) fold_partials(const double* __restrict__ partials,
+                                                     const unsigned char* __restrict__ group_bad, std::uint64_t n,
+                                                     grad_totals* out) {
   __shared__ double v[device::total_lanes];
   __shared__ int bad;
+  constexpr unsigned U = 8;
+  constexpr std::uint64_t stride = device::total_lanes;
   const unsigned j = threadIdx.x;
   double s = 0.0;
   int b = 0;
-  for (std::uint64_t e = j; e < n; e += device::total_lanes) {
+  std::uint64_t e = j;
+  for (; e + (U - 1) * stride < n; e += U * stride) {
+    double p[U];
+    unsigned char f[U];
+#pragma unroll
+    for (unsigned u = 0; u < U; ++u) {
+      p[u] = partials[e + u * stride];
+      f[u] = group_bad[e + u * stride];
+    }
+#pragma unroll
+    for (unsigned u = 0; u < U; ++u) {
+      s = s + p[u];
+      b |= f[u];
+    }
+  }
+  for (; e < n; e += stride) {
     s = s + partials[e];
     b |= group_bad[e];
   }
@@ -225,6 +288,7 @@ __global__ void __launch_bounds__(256) fold_partials(const double* partials, con
   }
 }
 
+template <int = 0>
 __global__ void slot_coeffs(const coeff_segment* segs, int nseg, std::uint64_t total, adamw_hyper hyper) {
   const std::uint64_t x = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (x >= total) return;
@@ -235,27 +299,36 @@ __global__ void slot_coeffs(const coeff_segment* segs, int nseg, std::uint64_t t
 }
 
 template <class P, class G>
-__device__ void update_block(const update_segment& s, std::uint64_t b, float factor) {
-  P* param = static_cast<P*>(s.param);
-  const G* grad = static_cast<const G*>(s.grad);
+__device__ __forceinline__ void update_block(const update_segment& s, std::uint64_t b, float factor) {
+  // restrict-qualified locals: no store can alias a later load, so several rows' loads are in flight
+  P* __restrict__ param = static_cast<P*>(s.param);
+  const G* __restrict__ grad = static_cast<const G*>(s.grad);
+  float* __restrict__ master = s.master;
+  float* __restrict__ exp_avg = s.exp_avg;
+  float* __restrict__ exp_avg_sq = s.exp_avg_sq;
+  const std::uint64_t rows = s.rows;
   if (s.columns) {  // block b: selected slot b
     const std::uint64_t c = s.columns[b];
     const adamw_coeffs co = s.coeffs[b];
-    for (std::uint64_t i = threadIdx.x; i < s.rows; i += blockDim.x)
-      device::column_adamw_element(param, grad, s.master, s.exp_avg, s.exp_avg_sq, b * s.rows + i,
-                                   element_offset(s.layout, s.rows, s.cols, i, c), factor, co);
+#pragma unroll 4
+    for (std::uint64_t i = threadIdx.x; i < rows; i += blockDim.x)
+      device::column_adamw_element(param, grad, master, exp_avg, exp_avg_sq, b * rows + i,
+                                   element_offset(s.layout, rows, s.cols, i, c), factor, co);
   } else {  // block b: chunk b of a vector
-    const std::uint64_t end = (b + 1) * s.rows < s.n ? (b + 1) * s.rows : s.n;
-    for (std::uint64_t i = b * s.rows + threadIdx.x; i < end; i += blockDim.x) {
-      adamw_update(s.master[i], s.exp_avg[i], s.exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), s.vector_coeffs);
-      param[i] = from_float<P>(s.master[i]);
+    const std::uint64_t end = (b + 1) * rows < s.n ? (b + 1) * rows : s.n;
+    const adamw_coeffs co = s.vector_coeffs;
+#pragma unroll 4
+    for (std::uint64_t i = b * rows + threadIdx.x; i < end; i += blockDim.x) {
+      adamw_update(master[i], exp_avg[i], exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), co);
+      param[i] = from_float<P>(master[i]);
     }
   }
 }
 
+template <int = 0>
 __global__ void __launch_bounds__(256) fused_update(const update_segment* segs, int nseg, float factor) {
   const std::uint64_t x = blockIdx.x;
-  const update_segment& s = segs[find_segment(segs, nseg, x, [](const update_segment& u) { return u.block0; })];
+  const update_segment s = segs[find_segment(segs, nseg, x, [](const update_segment& u) { return u.block0; })];
   const std::uint64_t b = x - s.block0;
   switch (int(s.ptype) * 3 + int(s.gtype)) {
     case 0: return update_block<float, float>(s, b, factor);
@@ -271,6 +344,7 @@ __global__ void __launch_bounds__(256) fused_update(const update_segment* segs, 
 }
 
 // flags[offset(m) + idx] = 1 for the first k(m) entries of matrix m's sorted order.
+template <int = 0>
 __global__ void mark_topk(const std::uint32_t* sorted_idx, const std::int64_t* offsets, const std::uint32_t* ks,
                           int nseg, std::uint64_t total, unsigned char* flags) {
   const std::uint64_t p = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -423,15 +497,24 @@ class fused_adamw<cuda_space> {
       });
   }
 
+  // The gradient pass's two kernels, enqueued on the space's stream (no wait): the per-column
+  // scores and flags, and the 16-byte summary in device memory.
+  void enqueue_gradient_pass(cuda_space& space) {
+    stream_ = space.stream();
+    scores_valid_[0] = scores_valid_[1] = false;
+    if (groups_ == 0) return;
+    cuda_kernels::gradient_pass<<<unsigned(groups_), 256, 0, stream_>>>(
+        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data());
+    ZF_CUDA_CHECK_LAUNCH();
+    cuda_kernels::fold_partials<<<1, device::total_lanes, 0, stream_>>>(partials_.data(), group_bad_.data(), groups_,
+                                                                       totals_.data());
+    ZF_CUDA_CHECK_LAUNCH();
+  }
+
   grad_summary gradient_pass(cuda_space& space) {
     stream_ = space.stream();
     if (groups_ == 0) return {true, 0.0};
-    cuda_kernels::gradient_pass<<<unsigned(groups_), 256, 0, stream_>>>(
-        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data());
-    ZF_CUDA_TRY(cudaGetLastError());
-    cuda_kernels::fold_partials<<<1, device::total_lanes, 0, stream_>>>(partials_.data(), group_bad_.data(), groups_,
-                                                                       totals_.data());
-    ZF_CUDA_TRY(cudaGetLastError());
+    enqueue_gradient_pass(space);
     ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
                                 cudaMemcpyDeviceToHost, stream_));
     ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -468,11 +551,11 @@ class fused_adamw<cuda_space> {
       ZF_CUDA_TRY(cudaMemcpyAsync(coeff_segs_.data(), cs, ncoeff * sizeof(*cs), cudaMemcpyHostToDevice, stream_));
       cuda_kernels::slot_coeffs<<<cuda_kernels::blocks_for(slots, 256), 256, 0, stream_>>>(coeff_segs_.data(),
                                                                                             int(ncoeff), slots, hyper);
-      ZF_CUDA_TRY(cudaGetLastError());
+      ZF_CUDA_CHECK_LAUNCH();
     }
     ZF_CUDA_TRY(cudaMemcpyAsync(upd_segs_.data(), u, nseg * sizeof(*u), cudaMemcpyHostToDevice, stream_));
     cuda_kernels::fused_update<<<unsigned(blocks), 256, 0, stream_>>>(upd_segs_.data(), int(nseg), factor);
-    ZF_CUDA_TRY(cudaGetLastError());
+    ZF_CUDA_CHECK_LAUNCH();
   }
 
   // This step's scores in host memory (one read-back of all matrices' scores).
@@ -501,7 +584,7 @@ class fused_adamw<cuda_space> {
     ZF_CUDA_TRY(cudaMemsetAsync(flags_.data(), 0, total_cols_, stream_));
     cuda_kernels::mark_topk<<<cuda_kernels::blocks_for(total_cols_, 256), 256, 0, stream_>>>(
         sorted_.data(), offsets_.data(), ks_.data(), int(matrices_.size()), total_cols_, flags_.data());
-    ZF_CUDA_TRY(cudaGetLastError());
+    ZF_CUDA_CHECK_LAUNCH();
     bytes = temp_.size();
     ZF_CUDA_TRY(cub::DeviceSelect::Flagged(temp_.data(), bytes, local_.data(), flags_.data(), chosen_.data(),
                                            chosen_n_.data(), std::int64_t(total_cols_), stream_));
@@ -548,8 +631,12 @@ class fused_adamw<cuda_space> {
 
  private:
   static std::size_t group_count(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
+  // Complete on return: a plain cudaMemcpy from pageable memory may return before its DMA has
+  // landed, and nothing would order that DMA before the trainer's (possibly non-blocking) stream.
   void upload(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) ZF_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return;
+    ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy));
+    ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
   }
 
   std::vector<matrix_state> matrices_;

@@ -52,51 +52,74 @@ struct word<4> {
 };
 
 // Column-contiguous: block k copies column list[k] (rows elements, contiguous) to/from block k
-// of the compact [n][rows] array. Gather: in -> out[k]; scatter: in[k] -> out.
+// of the compact [n][rows] array. Gather: in -> out[k]; scatter: in[k] -> out. 16-byte words
+// where both sides are 16-byte aligned (rows a multiple of 8 for 16-bit data), else elements.
 template <class W, bool Scatter>
-__global__ void columns_contiguous(const W* in, W* out, std::size_t rows, const std::uint32_t* list) {
+__global__ void columns_contiguous(const W* __restrict__ in, W* __restrict__ out, std::size_t rows,
+                                   const std::uint32_t* __restrict__ list) {
   const std::size_t k = blockIdx.x, c = list[k];
-  const W* src = in + (Scatter ? k : c) * rows;
-  W* dst = out + (Scatter ? c : k) * rows;
-  for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) dst[i] = src[i];
+  const W* __restrict__ src = in + (Scatter ? k : c) * rows;
+  W* __restrict__ dst = out + (Scatter ? c : k) * rows;
+  std::size_t done = 0;
+  if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) == 0) {
+    const std::size_t n16 = rows * sizeof(W) / 16;
+    const uint4* __restrict__ s16 = reinterpret_cast<const uint4*>(src);
+    uint4* __restrict__ d16 = reinterpret_cast<uint4*>(dst);
+#pragma unroll 4
+    for (std::size_t i = threadIdx.x; i < n16; i += blockDim.x) d16[i] = s16[i];
+    done = n16 * 16 / sizeof(W);
+  }
+  for (std::size_t i = done + threadIdx.x; i < rows; i += blockDim.x) dst[i] = src[i];
 }
 
 // Row-major: a 32x32 tile (32 list entries x 32 rows) through shared memory, so that the
 // strided side (matrix rows of `cols` elements) and the compact side are both read and written
-// by consecutive threads. Block (bx, by): entries 32*bx.., rows 32*by..; blockDim = (32, 8).
+// by consecutive threads. Block (bx, by): entries 32*bx.., rows 32*by..; blockDim = (32, 8),
+// each thread moves 4 elements each way (the loops unroll: 4 loads in flight).
+inline constexpr unsigned tile_rows_per_pass = 8;
 template <class W, bool Scatter>
-__global__ void columns_row_major(const W* in, W* out, std::size_t rows, std::size_t cols, const std::uint32_t* list,
-                                  std::size_t n) {
+__global__ void __launch_bounds__(256) columns_row_major(const W* __restrict__ in, W* __restrict__ out,
+                                                         std::size_t rows, std::size_t cols,
+                                                         const std::uint32_t* __restrict__ list, std::size_t n) {
   __shared__ W tile[32][33];
   const std::size_t k0 = std::size_t(blockIdx.x) * 32, i0 = std::size_t(blockIdx.y) * 32;
   if (!Scatter) {
     // read the matrix: x over entries (adjacent columns for runs in the list), y over rows
     const std::size_t k = k0 + threadIdx.x;
-    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+    const bool has_k = k < n;
+    const std::size_t c = has_k ? list[k] : 0;
+#pragma unroll
+    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
       const std::size_t i = i0 + y;
-      if (k < n && i < rows) tile[y][threadIdx.x] = in[i * cols + list[k]];
+      if (has_k && i < rows) tile[y][threadIdx.x] = in[i * cols + c];
     }
     __syncthreads();
     // write the compact block: x over rows (contiguous), y over entries
-    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+#pragma unroll
+    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
       const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
       if (kk < n && i < rows) out[kk * rows + i] = tile[threadIdx.x][y];
     }
   } else {
-    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+#pragma unroll
+    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
       const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
       if (kk < n && i < rows) tile[threadIdx.x][y] = in[kk * rows + i];
     }
     __syncthreads();
     const std::size_t k = k0 + threadIdx.x;
-    for (unsigned y = threadIdx.y; y < 32; y += blockDim.y) {
+    const bool has_k = k < n;
+    const std::size_t c = has_k ? list[k] : 0;
+#pragma unroll
+    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
       const std::size_t i = i0 + y;
-      if (k < n && i < rows) out[i * cols + list[k]] = tile[y][threadIdx.x];
+      if (has_k && i < rows) out[i * cols + c] = tile[y][threadIdx.x];
     }
   }
 }
 
 // Slots of `words` 32-bit words: dst[dst_slot[k]] = src[src_slot[k]] (null list = identity).
+template <int = 0>
 __global__ void move_slots(std::uint32_t* dst, const std::uint32_t* dst_slot, const std::uint32_t* src,
                            const std::uint32_t* src_slot, std::size_t words) {
   const std::size_t k = blockIdx.x;
@@ -176,7 +199,7 @@ class cuda_space {
     if (n == 0) return;
     const unsigned b = cuda_kernels::blocks_for(n, cuda_kernels::threads);
     cuda_kernels::for_each<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(n, f);
-    ZF_CUDA_TRY(cudaGetLastError());
+    ZF_CUDA_CHECK_LAUNCH();
   }
 
   // Complete on return (waits for the stream up to this point).
@@ -207,7 +230,7 @@ class cuda_space {
     if (n == 0) return;
     cuda_kernels::move_slots<<<unsigned(n), cuda_kernels::threads, 0, stream_>>>(
         static_cast<std::uint32_t*>(dst), dst_slot, static_cast<const std::uint32_t*>(src), src_slot, width / 4);
-    ZF_CUDA_TRY(cudaGetLastError());
+    ZF_CUDA_CHECK_LAUNCH();
   }
 
  private:
@@ -222,13 +245,13 @@ class cuda_space {
             static_cast<const W*>(in), static_cast<W*>(out), rows, list);
       } else {
         const dim3 grid(cuda_kernels::blocks_for(n, 32), cuda_kernels::blocks_for(rows, 32));
-        cuda_kernels::columns_row_major<W, Scatter><<<grid, dim3(32, 8), 0, stream_>>>(
+        cuda_kernels::columns_row_major<W, Scatter><<<grid, dim3(32, cuda_kernels::tile_rows_per_pass), 0, stream_>>>(
             static_cast<const W*>(in), static_cast<W*>(out), rows, cols, list, n);
       }
     };
     if (size_of(t) == 2) run(cuda_kernels::word<2>{});
     else run(cuda_kernels::word<4>{});
-    ZF_CUDA_TRY(cudaGetLastError());
+    ZF_CUDA_CHECK_LAUNCH();
   }
 
   int device_ = -1;

@@ -1,6 +1,6 @@
 // Transport policy for cuda_space: every transfer goes through page-locked double buffers, so
 // each copy is an asynchronous DMA transfer (pageable memory would be staged by the driver) and
-// the host copies one buffer while the other is in flight. (Not yet run on a GPU.)
+// the host copies one buffer while the other is in flight.
 //  - to_host / to_device: from the training thread, on the space's stream (ordered with the
 //    device work around them). to_device returns once the host data sits in a pinned buffer.
 //  - stream_to_host: from the scheduler's offload lane, on a copy stream of its own that waits
