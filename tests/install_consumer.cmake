@@ -22,10 +22,20 @@ function(run)
 endfunction()
 
 run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
+# With CUDA, the consumer also builds a .cu file against zenflow::cuda, setting no CUDA standard
+# of its own: the target must bring C++20 (one architecture, to keep the test short).
+set(cuda_args -DZF_CUDA_CONSUMER=OFF)
+if(WITH_CUDA)
+  set(cuda_args -DZF_CUDA_CONSUMER=ON -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER} -DCMAKE_CUDA_ARCHITECTURES=80)
+endif()
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
+    ${cuda_args})
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
+if(WITH_CUDA)
+  run("${WORK_DIR}/build/consumer_cuda")
+endif()
 
 execute_process(
   COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-v1" -G "${GENERATOR}"
