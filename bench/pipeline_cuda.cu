@@ -27,10 +27,14 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-__global__ void spin(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
+// The forward/backward: busy for `ns` of wall time, whatever the SM clock (the global timer
+// counts nanoseconds; a cycle count would run long whenever the SM is below its maximum clock).
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
 }
 
 // bf16 gradients with a per-(column, step) random magnitude: the scores change every step.
@@ -51,8 +55,7 @@ struct gpu_model {
 };
 
 template <class Opt>
-result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps, cudaStream_t s,
-           int khz) {
+result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps, cudaStream_t s) {
   gpu_model gm;
   bool is_grad = false;
   std::size_t rows_hint = 0;
@@ -75,7 +78,7 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   std::uint64_t seed = 1;
   auto backward = [&] {
     for (auto& [p, rn] : gm.grads) fill_grads<<<1024, 256, 0, s>>>(p, rn.first, rn.second, ++seed);
-    spin<<<1, 1, 0, s>>>((long long)(compute_s * 1e3 * khz));
+    spin_ns<<<1, 1, 0, s>>>((unsigned long long)(compute_s * 1e9));
   };
   auto one = [&] {
     backward();
@@ -130,8 +133,6 @@ int main(int argc, char** argv) try {
   probe.initialize();  // a clear error without a GPU
   cudaDeviceProp prop{};
   ZF_CUDA_TRY(cudaGetDeviceProperties(&prop, probe.device()));
-  int khz = 0;
-  ZF_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, probe.device()));
   cudaStream_t s;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const model shape(layers, hidden, ffn);
@@ -140,7 +141,7 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "model: %.1fM params (bf16); %s; %u host cores\n", double(shape.params) / 1e6, prop.name, cores);
   using zf_opt = zenflow::optimizer<zenflow::cuda_space>;
   using zo_opt = zenflow::zero_offload<zenflow::cuda_space>;
-  const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, s, khz);
+  const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, s);
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
   std::vector<point> points = sweep_points(cores, false);
@@ -149,8 +150,8 @@ int main(int argc, char** argv) try {
   for (const point& p : points) {
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, s, khz);
-    const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, s, khz);
+    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, s);
+    const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, s);
     print_line(out, device.c_str(), p, shape, compute, 0.0, 0.0, cores, zf, zo_cache[key]);
   }
   ZF_CUDA_TRY(cudaStreamDestroy(s));

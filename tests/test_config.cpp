@@ -3,8 +3,12 @@
 // problem, and changes no state.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -71,6 +75,9 @@ TEST_CASE("registration errors are clear and leave the optimizer usable") {
          "zenflow: matrix 0: param is not aligned to its element size (4 bytes)");
   expect([&] { opt.add_matrix({a.data(), a.data() + 8, 4, 4}); }, "zenflow: matrix 0: param and grad overlap");
   expect([&] { opt.add_matrix({a.data(), ga.data(), std::size_t(1) << 62, 8}); }, "zenflow: matrix 0: rows * cols overflows");
+  // column lists are 32-bit: more columns than that is refused before the buffers are looked at
+  expect([&] { opt.add_matrix({a.data(), ga.data(), 1, std::size_t(1) << 32}); },
+         "zenflow: matrix 0: 4294967296 columns; at most 4294967295 (column lists are 32-bit)");
   expect([&] { opt.add_vector({b.data(), gb.data(), 0}); }, "zenflow: vector 0: n must be > 0");
   expect([&] { opt.step(); }, "zenflow: step() before initialize()");
   expect([&] { opt.initialize(); }, "zenflow: initialize(): no parameters registered");
@@ -100,4 +107,41 @@ TEST_CASE("a failed initialize leaves nothing half-built") {
   CHECK_THROWS_AS(opt.initialize(), std::bad_alloc);
   CHECK_FALSE(opt.initialized());
   CHECK_THROWS_WITH_AS(opt.step(), "zenflow: step() before initialize()", std::invalid_argument);
+}
+
+// A space with activate() (a CUDA space sets its device there) is made current by every public
+// entry point that touches the device, on whatever thread calls it; one without needs nothing.
+namespace {
+struct counting_space : host_space {
+  counting_space() : host_space(0) {}
+  static inline std::atomic<int> activations{0};
+  void activate() { activations.fetch_add(1); }
+};
+}  // namespace
+
+TEST_CASE("every device-touching entry point activates the space on the calling thread") {
+  std::vector<float> w(64, 0.5f), g(64, 0.01f);
+  config cfg;
+  cfg.update_interval = interval::every(1);
+  optimizer<counting_space> opt(cfg);
+  opt.add_matrix({w.data(), g.data(), 8, 8});
+  int seen = counting_space::activations.load();
+  auto activated = [&] {
+    const int now = counting_space::activations.load();
+    const bool yes = now > seen;
+    seen = now;
+    return yes;
+  };
+  opt.initialize();
+  CHECK(activated());
+  std::thread([&] { opt.step(); }).join();  // another thread than the one that initialised
+  CHECK(activated());
+  opt.synchronize();
+  CHECK(activated());
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/activate.zfck";
+  opt.save(path);
+  CHECK(activated());
+  opt.load(path);
+  CHECK(activated());
+  std::remove(path.c_str());
 }

@@ -78,18 +78,41 @@ TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, 
 // The launch check (the same logic on any machine): a launch's failure throws, naming CUDA's
 // error; cudaErrorNotReady, a stream or event query's answer that the runtime may keep as the
 // thread's last error, is not a launch failure and must not fail the optimizer's next step.
-TEST_CASE("launch check: a query's NotReady passes, a launch error throws") {
-  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaSuccess, "f.cu", 1));
-  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorNotReady, "f.cu", 1));
+TEST_CASE("launch check: a query's NotReady passes, a launch error throws naming the kernel") {
+  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaSuccess, "k", "f.cu", 1));
+  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorNotReady, "k", "f.cu", 1));
   try {
-    cuda_detail::check_launch_status(cudaErrorInvalidConfiguration, "f.cu", 7);
+    cuda_detail::check_launch_status(cudaErrorInvalidConfiguration, "gradient_pass", "f.cu", 7);
     FAIL("an invalid launch configuration passed the check");
   } catch (const cuda_error& e) {
     CHECK(e.code() == cudaErrorInvalidConfiguration);
     const std::string what = e.what();
-    CHECK(what.find("kernel launch failed at f.cu:7") != std::string::npos);
+    CHECK(what.find("kernel gradient_pass launch failed at f.cu:7") != std::string::npos);
     CHECK(what.find("cudaErrorInvalidConfiguration") != std::string::npos);
   }
+}
+
+// The debug sync check: off by default, on from the environment variable or the switch; when on,
+// a launch check also synchronises the device and names the kernel if that fails (here it fails:
+// there is no driver).
+TEST_CASE("debug sync check: switched by ZENFLOW_CUDA_SYNC_CHECK or set_cuda_sync_check") {
+  CHECK_FALSE(cuda_detail::sync_check_from_env(nullptr));
+  CHECK_FALSE(cuda_detail::sync_check_from_env(""));
+  CHECK_FALSE(cuda_detail::sync_check_from_env("0"));
+  CHECK(cuda_detail::sync_check_from_env("1"));
+  CHECK(cuda_detail::sync_check_from_env("yes"));
+  const bool before = cuda_detail::sync_check_enabled();
+  set_cuda_sync_check(true);
+  CHECK(cuda_detail::sync_check_enabled());
+  (void)cudaGetLastError();  // whatever an earlier test left
+  try {
+    cuda_detail::check_launch("fused_update", "f.cu", 9);
+    FAIL("the sync check passed without a driver");
+  } catch (const cuda_error& e) {
+    CHECK(std::string(e.what()).find("kernel fused_update") != std::string::npos);
+  }
+  set_cuda_sync_check(before);
+  CHECK(cuda_detail::sync_check_enabled() == before);
 }
 
 int main(int argc, char** argv) {

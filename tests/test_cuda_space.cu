@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -106,15 +107,16 @@ struct lockstep {
   }
 };
 
-__global__ void spin(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
+// Busy for `ns` of wall time, whatever the SM clock (the global timer counts nanoseconds).
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
 }
 void busy_stream(cudaStream_t s, double ms) {
-  int khz = 0;
-  ZF_CUDA_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-  spin<<<1, 1, 0, s>>>((long long)(ms * khz));
+  spin_ns<<<1, 1, 0, s>>>((unsigned long long)(ms * 1e6));
   ZF_CUDA_TRY(cudaGetLastError());
 }
 
@@ -126,7 +128,9 @@ TEST_CASE("cuda: column compaction, scatter and slot moves equal the host space'
   space.initialize();
   for (dtype t : {dtype::f32, dtype::bf16}) {
     for (matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major}) {
-      for (auto [rows, cols] : {std::pair<std::size_t, std::size_t>{1, 1}, {33, 70}, {300, 65}, {4096, 37}}) {
+      // the last shape has 65,625 row tiles of 32: more than a grid's 65,535 in y
+      for (auto [rows, cols] : {std::pair<std::size_t, std::size_t>{1, 1}, {33, 70}, {300, 65}, {4096, 37},
+                                {2'100'000, 3}}) {
         CAPTURE(rows);
         CAPTURE(cols);
         const std::size_t es = size_of(t);
@@ -419,6 +423,52 @@ TEST_CASE("cuda: new device arrays are zero on any stream" * doctest::skip(!has_
     CHECK(nonzero == 0);
   }
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+// An exception thrown by the offload's consumer leaves no copy in flight: the next piece's copy,
+// already enqueued, has landed when the exception leaves stream_to_host (the caller may reuse the
+// source block and the lane buffers at once).
+TEST_CASE("cuda: an exception on the offload lane leaves no copy in flight" * doctest::skip(!has_gpu())) {
+  cuda_space space;
+  space.initialize();
+  cudaStream_t stream;
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  space.set_stream(stream);
+  const std::size_t piece = std::size_t(64) << 20;  // ~1.2 ms per piece over PCIe
+  cuda_pinned tr;
+  tr.reserve(space, piece);
+  device_array<unsigned char> block(4 * piece);
+  cuda_space::event none;
+  bool thrown = false;
+  try {
+    tr.stream_to_host(none, block.data(), block.size(), piece,
+                      [](const void*, std::size_t, std::size_t) { throw std::runtime_error("consumer failed"); });
+  } catch (const std::runtime_error&) {
+    thrown = true;
+  }
+  CHECK(thrown);
+  CHECK(cudaStreamQuery(tr.copy_stream()) == cudaSuccess);
+  ZF_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+// The debug sync check (ZENFLOW_CUDA_SYNC_CHECK=1 or set_cuda_sync_check): every launch is
+// followed by a device synchronisation and check; a correct run goes through unchanged.
+TEST_CASE("cuda: steps with the debug sync check on" * doctest::skip(!has_gpu())) {
+  const std::size_t rows = 64, cols = 96;
+  std::vector<float> hw(rows * cols, 0.5f), hg(rows * cols, 0.01f);
+  auto w = to_device(hw), g = to_device(hg);
+  config cfg;
+  cfg.topk_ratio = 0.1;
+  cfg.update_interval = interval::every(2);
+  set_cuda_sync_check(true);
+  {
+    optimizer<cuda_space> opt(cfg);
+    opt.add_matrix({w.data(), g.data(), rows, cols});
+    opt.initialize();
+    for (int t = 0; t < 4; ++t) CHECK_FALSE(opt.step(1.0f).skipped);
+    opt.synchronize();
+  }
+  set_cuda_sync_check(false);
 }
 
 // A checkpoint written on one space loads on the other (one file format, the same state), and

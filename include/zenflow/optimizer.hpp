@@ -87,6 +87,8 @@ class optimizer {
     const std::string who = "matrix " + std::to_string(matrices_.size());
     check_registration(who);
     if (p.rows == 0 || p.cols == 0) fail(who + ": rows and cols must be > 0");
+    if (p.cols > std::numeric_limits<std::uint32_t>::max())
+      fail(who + ": " + std::to_string(p.cols) + " columns; at most 4294967295 (column lists are 32-bit)");
     if (p.layout != matrix_layout::column_contiguous && p.layout != matrix_layout::row_major)
       fail(who + ": unknown layout");
     check_buffers(who, p.param, p.param_type, p.grad, p.grad_type, elements(who, p.rows, p.cols));
@@ -106,6 +108,7 @@ class optimizer {
   // is left half-built: the optimizer stays uninitialised with its registrations.
   void initialize() {
     if (initialized_) fail("initialize() called twice");
+    enter();
     if (matrices_.empty() && vectors_.empty()) fail("initialize(): no parameters registered");
     try {
       build();
@@ -144,6 +147,7 @@ class optimizer {
   // the loss scaled by grad_scale. Returns what happened; a non-finite gradient skips the step.
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
+    enter();
     if (!(std::isfinite(grad_scale) && grad_scale > 0))
       fail("grad_scale must be finite and > 0, got " + std::to_string(grad_scale));
     ++steps_;
@@ -194,6 +198,7 @@ class optimizer {
   // Finishes any host update in flight and makes its result visible in the params.
   void synchronize() {
     if (!initialized_) return;
+    enter();
     scheduler_.wait_offload();
     drain();
   }
@@ -272,6 +277,7 @@ class optimizer {
   // on I/O failure, with the optimizer unchanged.
   void save(const std::string& path) {
     if (!initialized_) fail("save() before initialize()");
+    enter();
     quiesce();
     ckpt::writer conf, lay, cnt;
     write_config(conf, cfg_);
@@ -359,6 +365,7 @@ class optimizer {
   // load() from a checkpoint image in memory (a file's bytes); `name` appears in the messages.
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
     if (!initialized_) fail("load() before initialize()");
+    enter();
     const std::string& path = name;
     std::vector<ckpt::section> secs;
     ckpt::parse(static_cast<const unsigned char*>(data), size, path, secs);
@@ -596,6 +603,12 @@ class optimizer {
 
   void check_registration(const std::string& who) const {
     if (initialized_) fail(who + ": cannot register after initialize()");
+  }
+  // Every public entry point that touches the device first makes the space current on the
+  // calling thread (a CUDA space sets its device: a trainer may drive the optimizer from another
+  // thread than the one that initialised it). Spaces without activate() need nothing.
+  void enter() {
+    if constexpr (requires(Space& s) { s.activate(); }) space_.activate();
   }
   static std::size_t elements(const std::string& who, std::size_t rows, std::size_t cols) {
     if (rows > std::numeric_limits<std::size_t>::max() / 4 / cols) fail(who + ": rows * cols overflows");

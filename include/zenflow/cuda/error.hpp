@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -27,16 +29,40 @@ namespace cuda_detail {
 inline void check(cudaError_t e, const char* call, const char* file, int line) {
   if (e != cudaSuccess) throw_error(e, call, file, line);
 }
+// Debug mode: when on, every launch check also waits for the device and checks again, so an
+// asynchronous fault (an illegal address, say) is reported at the launch of the kernel that made
+// it, by name, instead of at some later synchronisation. Off unless the environment variable
+// ZENFLOW_CUDA_SYNC_CHECK is set to anything but "" or "0" when first asked, or
+// set_sync_check(true) is called. Slow: for bring-up and debugging only.
+inline bool sync_check_from_env(const char* v) noexcept { return v && *v && !(v[0] == '0' && v[1] == 0); }
+inline std::atomic<bool>& sync_check_flag() noexcept {
+  static std::atomic<bool> on{sync_check_from_env(std::getenv("ZENFLOW_CUDA_SYNC_CHECK"))};
+  return on;
+}
+inline bool sync_check_enabled() noexcept { return sync_check_flag().load(std::memory_order_relaxed); }
+
 // After a kernel launch: the thread's last error, cleared. cudaErrorNotReady is never what a
 // launch produces: it is the answer of a stream or event query (the trainer's own, typically)
 // that the runtime also keeps as the last error, so it is cleared and not thrown.
-inline void check_launch_status(cudaError_t e, const char* file, int line) {
-  if (e != cudaSuccess && e != cudaErrorNotReady) throw_error(e, "kernel launch", file, line);
+inline void check_launch_status(cudaError_t e, const char* kernel, const char* file, int line) {
+  if (e != cudaSuccess && e != cudaErrorNotReady)
+    throw_error(e, (std::string("kernel ") + kernel + " launch").c_str(), file, line);
 }
-inline void check_launch(const char* file, int line) { check_launch_status(cudaGetLastError(), file, line); }
+inline void check_launch(const char* kernel, const char* file, int line) {
+  check_launch_status(cudaGetLastError(), kernel, file, line);
+  if (sync_check_enabled()) {
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) throw_error(e, (std::string("kernel ") + kernel + " (debug sync check)").c_str(), file, line);
+  }
+}
 }  // namespace cuda_detail
+
+// Turns the debug sync check (see cuda_detail::sync_check_flag) on or off for the process.
+inline void set_cuda_sync_check(bool on) noexcept {
+  cuda_detail::sync_check_flag().store(on, std::memory_order_relaxed);
+}
 
 }  // namespace zenflow
 
 #define ZF_CUDA_TRY(call) ::zenflow::cuda_detail::check((call), #call, __FILE__, __LINE__)
-#define ZF_CUDA_CHECK_LAUNCH() ::zenflow::cuda_detail::check_launch(__FILE__, __LINE__)
+#define ZF_CUDA_CHECK_LAUNCH(kernel) ::zenflow::cuda_detail::check_launch((kernel), __FILE__, __LINE__)

@@ -505,10 +505,10 @@ class fused_adamw<cuda_space> {
     if (groups_ == 0) return;
     cuda_kernels::gradient_pass<<<unsigned(groups_), 256, 0, stream_>>>(
         grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data());
-    ZF_CUDA_CHECK_LAUNCH();
+    ZF_CUDA_CHECK_LAUNCH("gradient_pass");
     cuda_kernels::fold_partials<<<1, device::total_lanes, 0, stream_>>>(partials_.data(), group_bad_.data(), groups_,
                                                                        totals_.data());
-    ZF_CUDA_CHECK_LAUNCH();
+    ZF_CUDA_CHECK_LAUNCH("fold_partials");
   }
 
   grad_summary gradient_pass(cuda_space& space) {
@@ -551,11 +551,11 @@ class fused_adamw<cuda_space> {
       ZF_CUDA_TRY(cudaMemcpyAsync(coeff_segs_.data(), cs, ncoeff * sizeof(*cs), cudaMemcpyHostToDevice, stream_));
       cuda_kernels::slot_coeffs<<<cuda_kernels::blocks_for(slots, 256), 256, 0, stream_>>>(coeff_segs_.data(),
                                                                                             int(ncoeff), slots, hyper);
-      ZF_CUDA_CHECK_LAUNCH();
+      ZF_CUDA_CHECK_LAUNCH("slot_coeffs");
     }
     ZF_CUDA_TRY(cudaMemcpyAsync(upd_segs_.data(), u, nseg * sizeof(*u), cudaMemcpyHostToDevice, stream_));
     cuda_kernels::fused_update<<<unsigned(blocks), 256, 0, stream_>>>(upd_segs_.data(), int(nseg), factor);
-    ZF_CUDA_CHECK_LAUNCH();
+    ZF_CUDA_CHECK_LAUNCH("fused_update");
   }
 
   // This step's scores in host memory (one read-back of all matrices' scores).
@@ -584,7 +584,7 @@ class fused_adamw<cuda_space> {
     ZF_CUDA_TRY(cudaMemsetAsync(flags_.data(), 0, total_cols_, stream_));
     cuda_kernels::mark_topk<<<cuda_kernels::blocks_for(total_cols_, 256), 256, 0, stream_>>>(
         sorted_.data(), offsets_.data(), ks_.data(), int(matrices_.size()), total_cols_, flags_.data());
-    ZF_CUDA_CHECK_LAUNCH();
+    ZF_CUDA_CHECK_LAUNCH("mark_topk");
     bytes = temp_.size();
     ZF_CUDA_TRY(cub::DeviceSelect::Flagged(temp_.data(), bytes, local_.data(), flags_.data(), chosen_.data(),
                                            chosen_n_.data(), std::int64_t(total_cols_), stream_));

@@ -52,79 +52,88 @@ struct word<4> {
 };
 
 // Column-contiguous: block k copies column list[k] (rows elements, contiguous) to/from block k
-// of the compact [n][rows] array. Gather: in -> out[k]; scatter: in[k] -> out. 16-byte words
-// where both sides are 16-byte aligned (rows a multiple of 8 for 16-bit data), else elements.
+// of the compact [n][rows] array (blocks k, k + gridDim.x, ... when n exceeds the grid). Gather:
+// in -> out[k]; scatter: in[k] -> out. 16-byte words where both sides are 16-byte aligned (rows a
+// multiple of 8 for 16-bit data), else elements.
+inline constexpr unsigned max_grid_x = 0x7fffffffu;
 template <class W, bool Scatter>
 __global__ void columns_contiguous(const W* __restrict__ in, W* __restrict__ out, std::size_t rows,
-                                   const std::uint32_t* __restrict__ list) {
-  const std::size_t k = blockIdx.x, c = list[k];
-  const W* __restrict__ src = in + (Scatter ? k : c) * rows;
-  W* __restrict__ dst = out + (Scatter ? c : k) * rows;
-  std::size_t done = 0;
-  if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) == 0) {
-    const std::size_t n16 = rows * sizeof(W) / 16;
-    const uint4* __restrict__ s16 = reinterpret_cast<const uint4*>(src);
-    uint4* __restrict__ d16 = reinterpret_cast<uint4*>(dst);
+                                   const std::uint32_t* __restrict__ list, std::size_t n) {
+  for (std::size_t k = blockIdx.x; k < n; k += gridDim.x) {
+    const std::size_t c = list[k];
+    const W* __restrict__ src = in + (Scatter ? k : c) * rows;
+    W* __restrict__ dst = out + (Scatter ? c : k) * rows;
+    std::size_t done = 0;
+    if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) == 0) {
+      const std::size_t n16 = rows * sizeof(W) / 16;
+      const uint4* __restrict__ s16 = reinterpret_cast<const uint4*>(src);
+      uint4* __restrict__ d16 = reinterpret_cast<uint4*>(dst);
 #pragma unroll 4
-    for (std::size_t i = threadIdx.x; i < n16; i += blockDim.x) d16[i] = s16[i];
-    done = n16 * 16 / sizeof(W);
+      for (std::size_t i = threadIdx.x; i < n16; i += blockDim.x) d16[i] = s16[i];
+      done = n16 * 16 / sizeof(W);
+    }
+    for (std::size_t i = done + threadIdx.x; i < rows; i += blockDim.x) dst[i] = src[i];
   }
-  for (std::size_t i = done + threadIdx.x; i < rows; i += blockDim.x) dst[i] = src[i];
 }
 
 // Row-major: a 32x32 tile (32 list entries x 32 rows) through shared memory, so that the
 // strided side (matrix rows of `cols` elements) and the compact side are both read and written
-// by consecutive threads. Block (bx, by): entries 32*bx.., rows 32*by..; blockDim = (32, 8),
-// each thread moves 4 elements each way (the loops unroll: 4 loads in flight).
+// by consecutive threads. Block (bx, by): entries 32*bx.., row tiles by, by + gridDim.y, ...
+// (gridDim.y is at most 65535, so a taller matrix loops); blockDim = (32, 8), each thread moves
+// 4 elements each way per tile (the loops unroll: 4 loads in flight).
 inline constexpr unsigned tile_rows_per_pass = 8;
+inline constexpr unsigned max_grid_y = 65535;
 template <class W, bool Scatter>
 __global__ void __launch_bounds__(256) columns_row_major(const W* __restrict__ in, W* __restrict__ out,
                                                          std::size_t rows, std::size_t cols,
                                                          const std::uint32_t* __restrict__ list, std::size_t n) {
   __shared__ W tile[32][33];
-  const std::size_t k0 = std::size_t(blockIdx.x) * 32, i0 = std::size_t(blockIdx.y) * 32;
-  if (!Scatter) {
-    // read the matrix: x over entries (adjacent columns for runs in the list), y over rows
-    const std::size_t k = k0 + threadIdx.x;
-    const bool has_k = k < n;
-    const std::size_t c = has_k ? list[k] : 0;
+  const std::size_t k0 = std::size_t(blockIdx.x) * 32, row_tiles = (rows + 31) / 32;
+  const std::size_t k = k0 + threadIdx.x;
+  const bool has_k = k < n;
+  const std::size_t c = has_k ? list[k] : 0;
+  for (std::size_t by = blockIdx.y; by < row_tiles; by += gridDim.y) {
+    const std::size_t i0 = by * 32;
+    if (!Scatter) {
+      // read the matrix: x over entries (adjacent columns for runs in the list), y over rows
 #pragma unroll
-    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
-      const std::size_t i = i0 + y;
-      if (has_k && i < rows) tile[y][threadIdx.x] = in[i * cols + c];
-    }
-    __syncthreads();
-    // write the compact block: x over rows (contiguous), y over entries
+      for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
+        const std::size_t i = i0 + y;
+        if (has_k && i < rows) tile[y][threadIdx.x] = in[i * cols + c];
+      }
+      __syncthreads();
+      // write the compact block: x over rows (contiguous), y over entries
 #pragma unroll
-    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
-      const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
-      if (kk < n && i < rows) out[kk * rows + i] = tile[threadIdx.x][y];
-    }
-  } else {
+      for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
+        const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
+        if (kk < n && i < rows) out[kk * rows + i] = tile[threadIdx.x][y];
+      }
+    } else {
 #pragma unroll
-    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
-      const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
-      if (kk < n && i < rows) tile[threadIdx.x][y] = in[kk * rows + i];
-    }
-    __syncthreads();
-    const std::size_t k = k0 + threadIdx.x;
-    const bool has_k = k < n;
-    const std::size_t c = has_k ? list[k] : 0;
+      for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
+        const std::size_t kk = k0 + y, i = i0 + threadIdx.x;
+        if (kk < n && i < rows) tile[threadIdx.x][y] = in[kk * rows + i];
+      }
+      __syncthreads();
 #pragma unroll
-    for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
-      const std::size_t i = i0 + y;
-      if (has_k && i < rows) out[i * cols + c] = tile[y][threadIdx.x];
+      for (unsigned y = threadIdx.y; y < 32; y += tile_rows_per_pass) {
+        const std::size_t i = i0 + y;
+        if (has_k && i < rows) out[i * cols + c] = tile[y][threadIdx.x];
+      }
     }
+    __syncthreads();  // the tile is refilled by the next row tile
   }
 }
 
-// Slots of `words` 32-bit words: dst[dst_slot[k]] = src[src_slot[k]] (null list = identity).
+// Slots of `words` 32-bit words: dst[dst_slot[k]] = src[src_slot[k]] (null list = identity),
+// block k for slot k (k, k + gridDim.x, ... when n exceeds the grid).
 template <int = 0>
 __global__ void move_slots(std::uint32_t* dst, const std::uint32_t* dst_slot, const std::uint32_t* src,
-                           const std::uint32_t* src_slot, std::size_t words) {
-  const std::size_t k = blockIdx.x;
-  const std::size_t d = dst_slot ? dst_slot[k] : k, s = src_slot ? src_slot[k] : k;
-  for (std::size_t i = threadIdx.x; i < words; i += blockDim.x) dst[d * words + i] = src[s * words + i];
+                           const std::uint32_t* src_slot, std::size_t words, std::size_t n) {
+  for (std::size_t k = blockIdx.x; k < n; k += gridDim.x) {
+    const std::size_t d = dst_slot ? dst_slot[k] : k, s = src_slot ? src_slot[k] : k;
+    for (std::size_t i = threadIdx.x; i < words; i += blockDim.x) dst[d * words + i] = src[s * words + i];
+  }
 }
 
 }  // namespace cuda_kernels
@@ -184,6 +193,11 @@ class cuda_space {
     else ZF_CUDA_TRY(cudaGetDevice(&device_));
   }
   int device() const noexcept { return device_; }
+  // Makes this space's device current on the calling thread (the optimizer calls it at each
+  // public entry point; nothing to do before initialize() has chosen the device).
+  void activate() {
+    if (device_ >= 0) ZF_CUDA_TRY(cudaSetDevice(device_));
+  }
 
   void set_stream(cudaStream_t s) noexcept { stream_ = s; }
   cudaStream_t stream() const noexcept { return stream_; }
@@ -199,7 +213,7 @@ class cuda_space {
     if (n == 0) return;
     const unsigned b = cuda_kernels::blocks_for(n, cuda_kernels::threads);
     cuda_kernels::for_each<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(n, f);
-    ZF_CUDA_CHECK_LAUNCH();
+    ZF_CUDA_CHECK_LAUNCH("for_each");
   }
 
   // Complete on return (waits for the stream up to this point).
@@ -228,9 +242,10 @@ class cuda_space {
   void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
                   std::size_t n, std::size_t width) {
     if (n == 0) return;
-    cuda_kernels::move_slots<<<unsigned(n), cuda_kernels::threads, 0, stream_>>>(
-        static_cast<std::uint32_t*>(dst), dst_slot, static_cast<const std::uint32_t*>(src), src_slot, width / 4);
-    ZF_CUDA_CHECK_LAUNCH();
+    const unsigned blocks = n < cuda_kernels::max_grid_x ? unsigned(n) : cuda_kernels::max_grid_x;
+    cuda_kernels::move_slots<<<blocks, cuda_kernels::threads, 0, stream_>>>(
+        static_cast<std::uint32_t*>(dst), dst_slot, static_cast<const std::uint32_t*>(src), src_slot, width / 4, n);
+    ZF_CUDA_CHECK_LAUNCH("move_slots");
   }
 
  private:
@@ -241,17 +256,20 @@ class cuda_space {
     auto run = [&](auto w) {
       using W = typename decltype(w)::type;
       if (layout == matrix_layout::column_contiguous) {
-        cuda_kernels::columns_contiguous<W, Scatter><<<unsigned(n), cuda_kernels::threads, 0, stream_>>>(
-            static_cast<const W*>(in), static_cast<W*>(out), rows, list);
+        const unsigned blocks = n < cuda_kernels::max_grid_x ? unsigned(n) : cuda_kernels::max_grid_x;
+        cuda_kernels::columns_contiguous<W, Scatter><<<blocks, cuda_kernels::threads, 0, stream_>>>(
+            static_cast<const W*>(in), static_cast<W*>(out), rows, list, n);
       } else {
-        const dim3 grid(cuda_kernels::blocks_for(n, 32), cuda_kernels::blocks_for(rows, 32));
+        const unsigned row_tiles = cuda_kernels::blocks_for(rows, 32);
+        const dim3 grid(cuda_kernels::blocks_for(n, 32),
+                        row_tiles < cuda_kernels::max_grid_y ? row_tiles : cuda_kernels::max_grid_y);
         cuda_kernels::columns_row_major<W, Scatter><<<grid, dim3(32, cuda_kernels::tile_rows_per_pass), 0, stream_>>>(
             static_cast<const W*>(in), static_cast<W*>(out), rows, cols, list, n);
       }
     };
     if (size_of(t) == 2) run(cuda_kernels::word<2>{});
     else run(cuda_kernels::word<4>{});
-    ZF_CUDA_CHECK_LAUNCH();
+    ZF_CUDA_CHECK_LAUNCH(layout == matrix_layout::column_contiguous ? "columns_contiguous" : "columns_row_major");
   }
 
   int device_ = -1;

@@ -116,15 +116,25 @@ class cuda_pinned {
       ZF_CUDA_TRY(cudaMemcpyAsync(lane_[p & 1].data(), in + off, len, cudaMemcpyDeviceToHost, copy_stream_));
       ZF_CUDA_TRY(cudaEventRecord(lane_ev_[p & 1].get(), copy_stream_));
     };
-    enqueue(0);
-    for (std::size_t p = 0; p < pieces; ++p) {
-      if (p + 1 < pieces) enqueue(p + 1);  // its buffer's last piece (p - 1) was consumed already
-      lane_ev_[p & 1].wait();
-      const std::size_t off = p * chunk, len = bytes - off < chunk ? bytes - off : chunk;
-      to_host_.fetch_add(len, std::memory_order_relaxed);
-      consume(static_cast<const void*>(lane_[p & 1].data()), off, len);
+    try {
+      enqueue(0);
+      for (std::size_t p = 0; p < pieces; ++p) {
+        if (p + 1 < pieces) enqueue(p + 1);  // its buffer's last piece (p - 1) was consumed already
+        lane_ev_[p & 1].wait();
+        const std::size_t off = p * chunk, len = bytes - off < chunk ? bytes - off : chunk;
+        to_host_.fetch_add(len, std::memory_order_relaxed);
+        consume(static_cast<const void*>(lane_[p & 1].data()), off, len);
+      }
+    } catch (...) {
+      // the next piece's copy may be in flight: let it land before anyone reuses the source
+      // block or the lane buffers (the caller may retry the step)
+      cudaStreamSynchronize(copy_stream_);
+      throw;
     }
   }
+
+  // The stream the offload lane's copies run on (ordered after the compaction by an event).
+  cudaStream_t copy_stream() const noexcept { return copy_stream_; }
 
   std::uint64_t bytes_to_host() const noexcept { return to_host_.load(std::memory_order_relaxed); }
   std::uint64_t bytes_to_device() const noexcept { return to_device_.load(std::memory_order_relaxed); }
