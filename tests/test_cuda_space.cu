@@ -120,6 +120,20 @@ void busy_stream(cudaStream_t s, double ms) {
   ZF_CUDA_TRY(cudaGetLastError());
 }
 
+// One fp32 matrix on the device (params 0.5, gradients 0.01) and a config at topk 0.1 with a
+// host update every `interval` steps: the problem of the stream and debug-mode tests.
+struct small_problem {
+  std::size_t rows, cols;
+  device_array<float> w, g;
+  config cfg;
+  small_problem(std::size_t r, std::size_t c, unsigned interval)
+      : rows(r), cols(c), w(to_device(std::vector<float>(r * c, 0.5f))), g(to_device(std::vector<float>(r * c, 0.01f))) {
+    cfg.topk_ratio = 0.1;
+    cfg.update_interval = interval::every(interval);
+  }
+  matrix_param param() { return {w.data(), g.data(), rows, cols}; }
+};
+
 }  // namespace
 
 TEST_CASE("cuda: column compaction, scatter and slot moves equal the host space's" * doctest::skip(!has_gpu())) {
@@ -342,19 +356,14 @@ TEST_CASE("cuda: cuda_space and host_space give bit-identical runs" * doctest::s
 // AdamW finish while the stream is still busy with the next "forward/backward" (a spinning
 // kernel): host work runs behind the device, not in front of it.
 TEST_CASE("cuda: offload and host update overlap the device's next work" * doctest::skip(!has_gpu())) {
-  const std::size_t rows = 1024, cols = 1024;
-  std::vector<float> hw(rows * cols, 0.5f), hg(rows * cols, 0.01f);
-  auto w = to_device(hw), g = to_device(hg);
-  config cfg;
-  cfg.topk_ratio = 0.1;
-  cfg.update_interval = interval::every(2);
-  cfg.select_interval = interval::every(1000);
-  cfg.overlap_step = true;
+  small_problem pb(1024, 1024, 2);
+  pb.cfg.select_interval = interval::every(1000);
+  pb.cfg.overlap_step = true;
   cudaStream_t stream;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    optimizer<cuda_space> opt(cfg);
-    opt.add_matrix({w.data(), g.data(), rows, cols});
+    optimizer<cuda_space> opt(pb.cfg);
+    opt.add_matrix(pb.param());
     opt.initialize(stream);
     CHECK(opt.stats().host_pinned_bytes > 0);
     for (int t = 0; t < 6; ++t) {
@@ -373,17 +382,12 @@ TEST_CASE("cuda: offload and host update overlap the device's next work" * docte
 // A trainer that polls its stream (cudaStreamQuery answering cudaErrorNotReady) must not make the
 // optimizer's next launch check throw: the runtime may keep NotReady as the thread's last error.
 TEST_CASE("cuda: a stream query answering NotReady does not fail the next step" * doctest::skip(!has_gpu())) {
-  const std::size_t rows = 64, cols = 96;
-  std::vector<float> hw(rows * cols, 0.5f), hg(rows * cols, 0.01f);
-  auto w = to_device(hw), g = to_device(hg);
-  config cfg;
-  cfg.topk_ratio = 0.1;
-  cfg.update_interval = interval::every(1);
+  small_problem pb(64, 96, 1);
   cudaStream_t stream;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    optimizer<cuda_space> opt(cfg);
-    opt.add_matrix({w.data(), g.data(), rows, cols});
+    optimizer<cuda_space> opt(pb.cfg);
+    opt.add_matrix(pb.param());
     opt.initialize(stream);
     for (int t = 0; t < 3; ++t) {
       busy_stream(stream, 50.0);
@@ -454,16 +458,11 @@ TEST_CASE("cuda: an exception on the offload lane leaves no copy in flight" * do
 // The debug sync check (ZENFLOW_CUDA_SYNC_CHECK=1 or set_cuda_sync_check): every launch is
 // followed by a device synchronisation and check; a correct run goes through unchanged.
 TEST_CASE("cuda: steps with the debug sync check on" * doctest::skip(!has_gpu())) {
-  const std::size_t rows = 64, cols = 96;
-  std::vector<float> hw(rows * cols, 0.5f), hg(rows * cols, 0.01f);
-  auto w = to_device(hw), g = to_device(hg);
-  config cfg;
-  cfg.topk_ratio = 0.1;
-  cfg.update_interval = interval::every(2);
+  small_problem pb(64, 96, 2);
   set_cuda_sync_check(true);
   {
-    optimizer<cuda_space> opt(cfg);
-    opt.add_matrix({w.data(), g.data(), rows, cols});
+    optimizer<cuda_space> opt(pb.cfg);
+    opt.add_matrix(pb.param());
     opt.initialize();
     for (int t = 0; t < 4; ++t) CHECK_FALSE(opt.step(1.0f).skipped);
     opt.synchronize();
