@@ -7,15 +7,15 @@
 
 #include <zenflow/zenflow.hpp>
 
-#include "checkpoint_writer_model.hpp"
+#include "checkpoint_models.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: checkpoint_writer PATH STEPS\n");
     return 2;
   }
-  zf_kill_test::model m;
-  zenflow::optimizer<> opt(zf_kill_test::make_config());
+  zf_ckpt_models::big m;
+  zenflow::optimizer<> opt(zf_ckpt_models::big::config());
   m.register_with(opt);
   opt.initialize();
   const long steps = std::atol(argv[2]);

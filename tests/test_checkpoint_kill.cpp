@@ -15,7 +15,7 @@
 
 #include <zenflow/zenflow.hpp>
 
-#include "checkpoint_writer_model.hpp"
+#include "checkpoint_models.hpp"
 
 extern char** environ;
 
@@ -51,8 +51,8 @@ TEST_CASE("checkpoint: SIGKILL during a save leaves the previous checkpoint load
       ++torn;
       std::fclose(f);
     }
-    zf_kill_test::model m;
-    zenflow::optimizer<> opt(zf_kill_test::make_config());
+    zf_ckpt_models::big m;
+    zenflow::optimizer<> opt(zf_ckpt_models::big::config());
     m.register_with(opt);
     opt.initialize();
     CHECK_NOTHROW(opt.load(path));

@@ -74,17 +74,34 @@ TEST_CASE("bounded_async: the same bits whatever the timing, and one window of s
   }
 }
 
-// A Scheduler whose jobs wait for a gate the test opens: deterministic overlap.
-struct gated_async : bounded_async {
+// bounded_async with one lane held at a gate the test opens, for deterministic overlap: the host
+// updates (gated_async) or the gradient offloads (gated_offload); the other lane runs as usual.
+enum class gated_lane { update, offload };
+template <gated_lane Lane>
+struct gated : bounded_async {
   static inline std::atomic<bool> open{false};
   template <class Job>
   void launch(Job&& job) {
-    bounded_async::launch([job = std::forward<Job>(job)]() mutable {
+    if constexpr (Lane == gated_lane::update) bounded_async::launch(held(std::forward<Job>(job)));
+    else bounded_async::launch(std::forward<Job>(job));
+  }
+  template <class Job>
+  void launch_offload(Job&& job) {
+    if constexpr (Lane == gated_lane::offload) bounded_async::launch_offload(held(std::forward<Job>(job)));
+    else bounded_async::launch_offload(std::forward<Job>(job));
+  }
+
+ private:
+  template <class Job>
+  static auto held(Job&& job) {
+    return [job = std::forward<Job>(job)]() mutable {
       while (!open.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
       job();
-    });
+    };
   }
 };
+using gated_async = gated<gated_lane::update>;
+using gated_offload = gated<gated_lane::offload>;
 
 TEST_CASE("bounded_async: steps proceed while the host update runs; waiting for it is stall") {
   const std::size_t R = 32, C = 64;
@@ -121,18 +138,6 @@ TEST_CASE("bounded_async: steps proceed while the host update runs; waiting for 
   CHECK(opt.stats().host_updates == 2);
   opt.synchronize();
 }
-
-// A Scheduler whose gradient offloads wait for a gate the test opens.
-struct gated_offload : bounded_async {
-  static inline std::atomic<bool> open{false};
-  template <class Job>
-  void launch_offload(Job&& job) {
-    bounded_async::launch_offload([job = std::forward<Job>(job)]() mutable {
-      while (!open.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      job();
-    });
-  }
-};
 
 TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buffers are free when it returns") {
   const std::size_t R = 32, C = 64;

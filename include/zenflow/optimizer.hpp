@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "optimizer_checkpoint.hpp"
 #include "config.hpp"
+#include "detail/registration.hpp"
 #include "device_update/fused_adamw.hpp"
 #include "host/accumulator.hpp"
 #include "params.hpp"
@@ -86,12 +88,7 @@ class optimizer {
   std::size_t add_matrix(const matrix_param& p) {
     const std::string who = "matrix " + std::to_string(matrices_.size());
     check_registration(who);
-    if (p.rows == 0 || p.cols == 0) fail(who + ": rows and cols must be > 0");
-    if (p.cols > std::numeric_limits<std::uint32_t>::max())
-      fail(who + ": " + std::to_string(p.cols) + " columns; at most 4294967295 (column lists are 32-bit)");
-    if (p.layout != matrix_layout::column_contiguous && p.layout != matrix_layout::row_major)
-      fail(who + ": unknown layout");
-    check_buffers(who, p.param, p.param_type, p.grad, p.grad_type, elements(who, p.rows, p.cols));
+    buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_matrix_elements(who, p));
     matrices_.push_back(p);
     return matrices_.size() - 1;
   }
@@ -99,7 +96,7 @@ class optimizer {
     const std::string who = "vector " + std::to_string(vectors_.size());
     check_registration(who);
     if (p.n == 0) fail(who + ": n must be > 0");
-    check_buffers(who, p.param, p.param_type, p.grad, p.grad_type, p.n);
+    buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, p.n);
     vectors_.push_back(p);
     return vectors_.size() - 1;
   }
@@ -279,76 +276,7 @@ class optimizer {
     if (!initialized_) fail("save() before initialize()");
     enter();
     quiesce();
-    ckpt::writer conf, lay, cnt;
-    write_config(conf, cfg_);
-    lay.put<std::uint64_t>(matrices_.size());
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const matrix_param& p = matrices_[i];
-      lay.put<std::uint64_t>(p.rows);
-      lay.put<std::uint64_t>(p.cols);
-      lay.put<std::uint8_t>(std::uint8_t(p.param_type));
-      lay.put<std::uint8_t>(std::uint8_t(p.grad_type));
-      lay.put<std::uint8_t>(std::uint8_t(p.layout));
-      lay.put<std::uint64_t>(updater_.matrix(i).k);
-    }
-    lay.put<std::uint64_t>(vectors_.size());
-    for (const vector_param& p : vectors_) {
-      lay.put<std::uint64_t>(p.n);
-      lay.put<std::uint8_t>(std::uint8_t(p.param_type));
-      lay.put<std::uint8_t>(std::uint8_t(p.grad_type));
-    }
-    const optimizer_stats st = stats();
-    for (std::uint64_t v : {applied_, steps_, skipped_, selections_, host_updates_, last_selection_, window_steps_,
-                            st.bytes_to_host, st.bytes_to_device, host_ns_.load()})
-      cnt.put(v);
-    cnt.put<double>(st.stall_seconds);
-    cnt.put<std::uint8_t>(selected_once_);
-    cnt.put<std::uint8_t>(pending_);
-    cnt.put<std::uint8_t>(std::uint8_t(active_acc_));
-    cnt.put<std::uint64_t>(auto_a_.size());
-    for (std::size_t i = 0; i < auto_a_.size(); ++i) {
-      cnt.put(auto_a_[i]);
-      cnt.put(auto_b_[i]);
-    }
-    std::vector<ckpt::writer> mats(matrices_.size()), vecs(vectors_.size());
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const matrix_param& p = matrices_[i];
-      const auto& d = updater_.matrix(i);
-      const auto& h = host_.matrix(i);
-      const std::size_t n = p.rows * p.cols, ks = d.active * p.rows, pb = n * size_of(p.param_type);
-      ckpt::writer& w = mats[i];
-      w.put<std::uint64_t>(d.active);
-      w.bytes(selected_[i].data(), 4 * d.active);
-      for (const float* a : {d.master[d.cur].data(), d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) {
-        const auto dev = download<float>(a, ks);
-        w.bytes(dev.data(), 4 * ks);
-      }
-      const auto counts = download<std::uint32_t>(d.counts[d.cur].data(), d.active);
-      w.bytes(counts.data(), 4 * d.active);
-      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) w.bytes(a, 4 * n);
-      if (cfg_.overlap_step) w.bytes(h.acc[1].data(), 4 * n);
-      w.bytes(h.counts.data(), 4 * p.cols);
-      w.bytes(h.param_stage.data(), pb);
-      const auto params = download(static_cast<const unsigned char*>(p.param), pb);
-      w.bytes(params.data(), pb);
-    }
-    for (std::size_t i = 0; i < vectors_.size(); ++i) {
-      const vector_param& p = vectors_[i];
-      const auto& v = updater_.vector(i);
-      ckpt::writer& w = vecs[i];
-      for (const float* a : {v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data()}) {
-        const auto dev = download<float>(a, p.n);
-        w.bytes(dev.data(), 4 * p.n);
-      }
-      w.put<std::uint32_t>(v.count);
-      const auto params = download(static_cast<const unsigned char*>(p.param), p.n * size_of(p.param_type));
-      w.bytes(params.data(), params.size());
-    }
-    std::vector<std::pair<std::uint32_t, const ckpt::writer*>> sections = {
-        {ckpt::config_tag, &conf}, {ckpt::layout_tag, &lay}, {ckpt::counters_tag, &cnt}};
-    for (const auto& w : mats) sections.push_back({ckpt::matrix_tag, &w});
-    for (const auto& w : vecs) sections.push_back({ckpt::vector_tag, &w});
-    ckpt::write_file(path, sections);
+    detail::optimizer_checkpoint<optimizer>::save(*this, path);
   }
 
   // Restores a checkpoint written by save() into this initialised optimizer, whose config and
@@ -366,236 +294,15 @@ class optimizer {
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
     if (!initialized_) fail("load() before initialize()");
     enter();
-    const std::string& path = name;
-    std::vector<ckpt::section> secs;
-    ckpt::parse(static_cast<const unsigned char*>(data), size, path, secs);
-    auto bad = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + path + ": " + why); };
-    const std::size_t want = 3 + matrices_.size() + vectors_.size();
-    if (secs.size() != want)
-      bad("has " + std::to_string(secs.size()) + " sections, this optimizer needs " + std::to_string(want) +
-          " (a different number of registered parameters?)");
-    auto expect_tag = [&](std::size_t i, std::uint32_t t, const char* what) {
-      if (secs[i].tag != t) bad("section " + std::to_string(i) + " should be the " + what + " section");
-    };
-    expect_tag(0, ckpt::config_tag, "config");
-    expect_tag(1, ckpt::layout_tag, "layout");
-    expect_tag(2, ckpt::counters_tag, "counters");
-    // config: everything but lr and host_threads must agree
-    ckpt::reader rc(secs[0].data, secs[0].size, "config");
-    const config fc = read_config(rc);
-    rc.done();
-    compare_config(fc, bad);
-    // registrations
-    ckpt::reader rl(secs[1].data, secs[1].size, "layout");
-    if (rl.get<std::uint64_t>() != matrices_.size()) bad("registers a different number of matrices");
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const matrix_param& p = matrices_[i];
-      const auto rows = rl.get<std::uint64_t>(), cols = rl.get<std::uint64_t>();
-      const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>(), lo = rl.get<std::uint8_t>();
-      const auto k = rl.get<std::uint64_t>();
-      if (rows != p.rows || cols != p.cols || pt != std::uint8_t(p.param_type) || gt != std::uint8_t(p.grad_type) ||
-          lo != std::uint8_t(p.layout) || k != updater_.matrix(i).k)
-        bad("matrix " + std::to_string(i) + " is " + std::to_string(rows) + "x" + std::to_string(cols) +
-            " (param dtype " + std::to_string(pt) + ", grad dtype " + std::to_string(gt) + ", layout " +
-            std::to_string(lo) + ") in the file, " + std::to_string(p.rows) + "x" + std::to_string(p.cols) +
-            " (" + std::to_string(int(p.param_type)) + ", " + std::to_string(int(p.grad_type)) + ", " +
-            std::to_string(int(p.layout)) + ") here");
-    }
-    if (rl.get<std::uint64_t>() != vectors_.size()) bad("registers a different number of vectors");
-    for (std::size_t i = 0; i < vectors_.size(); ++i) {
-      const auto n = rl.get<std::uint64_t>();
-      const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>();
-      if (n != vectors_[i].n || pt != std::uint8_t(vectors_[i].param_type) || gt != std::uint8_t(vectors_[i].grad_type))
-        bad("vector " + std::to_string(i) + " has " + std::to_string(n) + " elements in the file, " +
-            std::to_string(vectors_[i].n) + " here (or other dtypes)");
-    }
-    rl.done();
-    // counters
-    ckpt::reader rn(secs[2].data, secs[2].size, "counters");
-    std::uint64_t c[10];
-    for (auto& v : c) v = rn.get<std::uint64_t>();
-    const double stall = rn.get<double>();
-    const auto sel_once = rn.get<std::uint8_t>(), pend = rn.get<std::uint8_t>(), acc = rn.get<std::uint8_t>();
-    const auto na = rn.get<std::uint64_t>();
-    if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != matrices_.size()) || c[0] + c[2] != c[1] ||
-        c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
-      bad("counters section is inconsistent");
-    std::vector<double> aa(na), ab(na);
-    for (std::size_t i = 0; i < na; ++i) {
-      aa[i] = rn.get<double>();
-      ab[i] = rn.get<double>();
-    }
-    rn.done();
-    // matrices and vectors: sizes and column lists checked while parsing into staging copies
-    struct mat_blob {
-      std::size_t active;
-      const unsigned char* at;
-    };
-    std::vector<mat_blob> mb;
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const ckpt::section& sec = secs[3 + i];
-      if (sec.tag != ckpt::matrix_tag) bad("section " + std::to_string(3 + i) + " should be matrix " + std::to_string(i));
-      const matrix_param& p = matrices_[i];
-      ckpt::reader r(sec.data, sec.size, "matrix " + std::to_string(i));
-      const auto active = r.get<std::uint64_t>();
-      if (active != 0 && active != updater_.matrix(i).k) bad("matrix " + std::to_string(i) + ": selection size differs");
-      const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
-      const std::size_t accs = cfg_.overlap_step ? 2 : 1;
-      const std::size_t expect = 8 + 4 * active + 12 * active * p.rows + 4 * active + (12 + 4 * accs) * n + 4 * p.cols + 2 * pb;
-      if (sec.size != expect) bad("matrix " + std::to_string(i) + " section has the wrong size");
-      std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
-      r.bytes(cols.data(), 4 * active);
-      for (std::size_t s = 0; s < active; ++s)
-        if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
-          bad("matrix " + std::to_string(i) + ": corrupt column list");
-      // a column's Adam count can never exceed the number of applied steps
-      r.skip(12 * active * p.rows);
-      r.bytes(counts.data(), 4 * active);
-      r.skip((12 + 4 * accs) * n);
-      r.bytes(hcounts.data(), 4 * p.cols);
-      for (auto x : counts)
-        if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
-      for (auto x : hcounts)
-        if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
-      mb.push_back({active, sec.data + 8});
-    }
-    for (std::size_t i = 0; i < vectors_.size(); ++i) {
-      const ckpt::section& sec = secs[3 + matrices_.size() + i];
-      if (sec.tag != ckpt::vector_tag) bad("section " + std::to_string(3 + matrices_.size() + i) + " should be vector " + std::to_string(i));
-      if (sec.size != 12 * vectors_[i].n + 4 + vectors_[i].n * size_of(vectors_[i].param_type))
-        bad("vector " + std::to_string(i) + " section has the wrong size");
-      std::uint32_t vc;
-      std::memcpy(&vc, sec.data + 12 * vectors_[i].n, 4);
-      if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
-    }
-
-    // ---- everything checked: commit (copies only, nothing can fail from here) ----
-    quiesce();
-    cfg_.adam.lr = fc.adam.lr;
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const matrix_param& p = matrices_[i];
-      auto& d = updater_.matrix(i);
-      auto& h = host_.matrix(i);
-      const std::size_t n = p.rows * p.cols, ks = mb[i].active * p.rows, pb = n * size_of(p.param_type);
-      const unsigned char* at = mb[i].at;
-      auto take = [&](void* dst, std::size_t bytes) {
-        if (bytes) std::memcpy(dst, at, bytes);  // dst is null for an empty array
-        at += bytes;
-      };
-      auto take_dev = [&](void* dst, std::size_t bytes) {
-        if (bytes) space_.upload(dst, at, bytes);
-        at += bytes;
-      };
-      d.cur = 0;
-      d.active = mb[i].active;
-      selected_[i].assign(d.active, 0);
-      take(selected_[i].data(), 4 * d.active);
-      if (d.active) space_.upload(d.columns[0].data(), selected_[i].data(), 4 * d.active);
-      take_dev(d.master[0].data(), 4 * ks);
-      take_dev(d.exp_avg[0].data(), 4 * ks);
-      take_dev(d.exp_avg_sq[0].data(), 4 * ks);
-      take_dev(d.counts[0].data(), 4 * d.active);
-      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) take(a, 4 * n);
-      if (cfg_.overlap_step) take(h.acc[1].data(), 4 * n);
-      take(h.counts.data(), 4 * p.cols);
-      take(h.param_stage.data(), pb);
-      take_dev(p.param, pb);
-      set_unselected(i);
-    }
-    for (std::size_t i = 0; i < vectors_.size(); ++i) {
-      const vector_param& p = vectors_[i];
-      auto& v = updater_.vector(i);
-      const unsigned char* at = secs[3 + matrices_.size() + i].data;
-      space_.upload(v.master.data(), at, 4 * p.n);
-      space_.upload(v.exp_avg.data(), at + 4 * p.n, 4 * p.n);
-      space_.upload(v.exp_avg_sq.data(), at + 8 * p.n, 4 * p.n);
-      std::memcpy(&v.count, at + 12 * p.n, 4);
-      space_.upload(p.param, at + 12 * p.n + 4, p.n * size_of(p.param_type));
-    }
-    space_.fence();  // the uploads read the file image, which the caller may free
-    applied_ = c[0];
-    steps_ = c[1];
-    skipped_ = c[2];
-    selections_ = c[3];
-    host_updates_ = c[4];
-    last_selection_ = c[5];
-    window_steps_ = c[6];
-    base_to_host_ = transport_.bytes_to_host() - c[7];  // stats() continues from the saved values
-    base_to_device_ = transport_.bytes_to_device() - c[8];
-    host_ns_ = c[9];
-    base_stall_ = scheduler_.stall_seconds() - stall;
-    selected_once_ = sel_once;
-    pending_ = pend;
-    active_acc_ = acc;
-    auto_a_ = std::move(aa);
-    auto_b_ = std::move(ab);
+    detail::optimizer_checkpoint<optimizer>::load_image(*this, data, size, name);
   }
 
  private:
-  [[noreturn]] static void fail(const std::string& what) { throw std::invalid_argument("zenflow: " + what); }
+  template <class>
+  friend struct detail::optimizer_checkpoint;
 
-  static void write_config(ckpt::writer& w, const config& c) {
-    w.put(c.topk_ratio);
-    w.put(c.select_interval.steps);
-    w.put<std::uint8_t>(c.select_interval.automatic);
-    w.put(c.update_interval.steps);
-    w.put<std::uint8_t>(c.update_interval.automatic);
-    w.put(c.full_warm_up_rounds);
-    w.put<std::uint8_t>(c.overlap_step);
-    w.put(c.auto_ratio);
-    w.put(c.steps_per_epoch);
-    w.put<std::uint8_t>(std::uint8_t(c.score));
-    for (float x : {c.adam.lr, c.adam.beta1, c.adam.beta2, c.adam.eps, c.adam.weight_decay}) w.put(x);
-    w.put<std::uint8_t>(std::uint8_t(c.adam.mode));
-    w.put(c.max_grad_norm);
-    w.put(c.host_threads);
-  }
-  static config read_config(ckpt::reader& r) {
-    config c;
-    c.topk_ratio = r.get<double>();
-    c.select_interval.steps = r.get<std::uint32_t>();
-    c.select_interval.automatic = r.get<std::uint8_t>() != 0;
-    c.update_interval.steps = r.get<std::uint32_t>();
-    c.update_interval.automatic = r.get<std::uint8_t>() != 0;
-    c.full_warm_up_rounds = r.get<std::uint32_t>();
-    c.overlap_step = r.get<std::uint8_t>() != 0;
-    c.auto_ratio = r.get<double>();
-    c.steps_per_epoch = r.get<std::uint32_t>();
-    c.score = score_kind(r.get<std::uint8_t>());
-    c.adam.lr = r.get<float>();
-    c.adam.beta1 = r.get<float>();
-    c.adam.beta2 = r.get<float>();
-    c.adam.eps = r.get<float>();
-    c.adam.weight_decay = r.get<float>();
-    c.adam.mode = adam_mode(r.get<std::uint8_t>());
-    c.max_grad_norm = r.get<double>();
-    c.host_threads = r.get<unsigned>();
-    return c;
-  }
-  template <class Bad>
-  void compare_config(const config& f, Bad bad) const {
-    auto differ = [&](const char* key, auto file, auto here) {
-      if (!(file == here)) bad(std::string("config differs: ") + key + " is " + std::to_string(file) + " in the file, " +
-                               std::to_string(here) + " here");
-    };
-    differ("topk_ratio", f.topk_ratio, cfg_.topk_ratio);
-    differ("select_interval", f.select_interval.automatic ? -1.0 : double(f.select_interval.steps),
-           cfg_.select_interval.automatic ? -1.0 : double(cfg_.select_interval.steps));
-    differ("update_interval", f.update_interval.automatic ? -1.0 : double(f.update_interval.steps),
-           cfg_.update_interval.automatic ? -1.0 : double(cfg_.update_interval.steps));
-    differ("full_warm_up_rounds", f.full_warm_up_rounds, cfg_.full_warm_up_rounds);
-    differ("overlap_step", int(f.overlap_step), int(cfg_.overlap_step));
-    differ("auto_ratio", f.auto_ratio, cfg_.auto_ratio);
-    differ("steps_per_epoch", f.steps_per_epoch, cfg_.steps_per_epoch);
-    differ("score", int(f.score), int(cfg_.score));
-    differ("beta1", f.adam.beta1, cfg_.adam.beta1);
-    differ("beta2", f.adam.beta2, cfg_.adam.beta2);
-    differ("eps", f.adam.eps, cfg_.adam.eps);
-    differ("weight_decay", f.adam.weight_decay, cfg_.adam.weight_decay);
-    differ("adam_mode", int(f.adam.mode), int(cfg_.adam.mode));
-    differ("max_grad_norm", f.max_grad_norm, cfg_.max_grad_norm);
-    if (!(std::isfinite(f.adam.lr) && f.adam.lr >= 0)) bad("config: lr is not finite and >= 0");
-  }
+  [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
+
   static const config& checked(const config& c) {
     c.validate();
     return c;
@@ -609,35 +316,6 @@ class optimizer {
   // thread than the one that initialised it). Spaces without activate() need nothing.
   void enter() {
     if constexpr (requires(Space& s) { s.activate(); }) space_.activate();
-  }
-  static std::size_t elements(const std::string& who, std::size_t rows, std::size_t cols) {
-    if (rows > std::numeric_limits<std::size_t>::max() / 4 / cols) fail(who + ": rows * cols overflows");
-    return rows * cols;
-  }
-  void check_buffers(const std::string& who, const void* param, dtype pt, const void* grad, dtype gt,
-                     std::size_t n) {
-    for (auto [p, t, what] : {std::tuple{param, pt, "param"}, std::tuple{grad, gt, "grad"}}) {
-      if (t != dtype::f32 && t != dtype::bf16 && t != dtype::f16) fail(who + ": unknown " + what + " dtype");
-      if (!p) fail(who + ": " + what + " is null");
-      if (reinterpret_cast<std::uintptr_t>(p) % size_of(t))
-        fail(who + ": " + what + " is not aligned to its element size (" + std::to_string(size_of(t)) + " bytes)");
-    }
-    const extent mine[2] = {{param, n * size_of(pt), who + " param"}, {grad, n * size_of(gt), who + " grad"}};
-    if (overlaps(mine[0], mine[1])) fail(who + ": param and grad overlap");
-    for (const extent& e : extents_)
-      for (const extent& m : mine)
-        if (overlaps(e, m)) fail(m.name + " overlaps " + e.name);
-    extents_.push_back(mine[0]);
-    extents_.push_back(mine[1]);
-  }
-  struct extent {
-    const void* p;
-    std::size_t bytes;
-    std::string name;
-  };
-  static bool overlaps(const extent& a, const extent& b) {
-    const auto a0 = reinterpret_cast<std::uintptr_t>(a.p), b0 = reinterpret_cast<std::uintptr_t>(b.p);
-    return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
   }
   void check_matrix(std::size_t m) const {
     if (!initialized_ || m >= matrices_.size()) fail("no matrix " + std::to_string(m));
@@ -1019,7 +697,7 @@ class optimizer {
 
   std::vector<matrix_param> matrices_;
   std::vector<vector_param> vectors_;
-  std::vector<extent> extents_;
+  detail::registered_buffers buffers_;
   // host mirrors of each matrix's column lists: all, unselected, selected (ascending)
   std::vector<std::vector<std::uint32_t>> all_columns_, unselected_, selected_;
   bool initialized_ = false, any_selected_ = false, selected_once_ = false, pending_ = false;

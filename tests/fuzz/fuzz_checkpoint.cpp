@@ -6,13 +6,13 @@
 #include <cstring>
 #include <vector>
 
-#include "fuzz_model.hpp"
+#include "../checkpoint_models.hpp"
 
 namespace {
 zenflow::optimizer<>& target() {
-  static zf_fuzz::model m;
+  static zf_ckpt_models::small m;
   static zenflow::optimizer<>* opt = [] {
-    auto* o = new zenflow::optimizer<>(zf_fuzz::make_config());
+    auto* o = new zenflow::optimizer<>(zf_ckpt_models::small::config());
     m.register_with(*o);
     o->initialize();
     return o;

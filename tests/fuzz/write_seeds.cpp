@@ -1,4 +1,4 @@
-// Writes the fuzzer's seed corpus: checkpoints of tests/fuzz/fuzz_model.hpp after 0..9 steps
+// Writes the fuzzer's seed corpus: checkpoints of tests/checkpoint_models.hpp (small) after 0..9 steps
 // (before and after selections, mid-window, with an update in flight), each prefixed by the
 // fuzzer's mode byte (even and odd).
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fuzz_model.hpp"
+#include "../checkpoint_models.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1], tmp = dir + "/.ckpt";
-  zf_fuzz::model m;
-  zenflow::optimizer<> opt(zf_fuzz::make_config());
+  zf_ckpt_models::small m;
+  zenflow::optimizer<> opt(zf_ckpt_models::small::config());
   m.register_with(opt);
   opt.initialize();
   for (int s = 0; s < 10; ++s) {

@@ -36,6 +36,7 @@
 #include "../space/cuda_space.hpp"
 #include "functors.hpp"
 #include "fused_adamw.hpp"
+#include "updater_state.hpp"
 
 namespace zenflow {
 
@@ -368,65 +369,44 @@ struct to_master_fn {
 
 }  // namespace cuda_kernels
 
+namespace detail {
+// fused_adamw<cuda_space>'s per-parameter state: the shared slot sets / AdamW state, plus where
+// each parameter's entries start in the updater's concatenated per-column / per-chunk arrays.
+struct cuda_matrix_state : column_slots<cuda_space> {
+  device_array<adamw_coeffs> coeffs;  // this step's coefficients per slot
+  std::size_t col0 = 0;               // first column in the concatenated per-column arrays
+};
+struct cuda_vector_state : vector_adamw_state<cuda_space> {
+  std::size_t chunk0 = 0;  // first chunk in the concatenated per-chunk arrays
+};
+}  // namespace detail
+
 template <>
-class fused_adamw<cuda_space> {
+class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_state, detail::cuda_vector_state> {
  public:
   template <class T>
   using buffer = device_array<T>;
   static constexpr std::size_t vector_chunk = 4096;
 
-  struct matrix_state {
-    matrix_param p;
-    std::size_t k = 0, active = 0;
-    int cur = 0;
-    buffer<std::uint32_t> columns[2];
-    buffer<float> master[2], exp_avg[2], exp_avg_sq[2];
-    buffer<std::uint32_t> counts[2];
-    buffer<adamw_coeffs> coeffs;  // this step's coefficients per slot
-    std::size_t col0 = 0;         // first column in the concatenated per-column arrays
-  };
-  struct vector_state {
-    vector_param p;
-    buffer<float> master, exp_avg, exp_avg_sq;
-    std::uint32_t count = 0;
-    std::size_t chunk0 = 0;  // first chunk in the concatenated per-chunk arrays
-  };
+  using matrix_state = detail::cuda_matrix_state;
+  using vector_state = detail::cuda_vector_state;
   struct grad_summary {
     bool finite;
     double sumsq;
   };
 
-  std::size_t add_matrix(const matrix_param& p, std::size_t k) {
-    auto& s = matrices_.emplace_back();
-    s.p = p;
-    s.k = k;
-    return matrices_.size() - 1;
-  }
-  std::size_t add_vector(const vector_param& p) {
-    vectors_.emplace_back().p = p;
-    return vectors_.size() - 1;
-  }
-
   void allocate() {
     std::size_t cols = 0, chunks = 0, groups = 0, max_slots = 0;
     std::vector<cuda_kernels::grad_segment> gsegs;
     for (auto& s : matrices_) {
-      for (int b = 0; b < 2; ++b) {
-        s.columns[b] = buffer<std::uint32_t>(s.k);
-        s.master[b] = buffer<float>(s.k * s.p.rows);
-        s.exp_avg[b] = buffer<float>(s.k * s.p.rows);
-        s.exp_avg_sq[b] = buffer<float>(s.k * s.p.rows);
-        s.counts[b] = buffer<std::uint32_t>(s.k);
-      }
+      s.allocate_slots();
       s.coeffs = buffer<adamw_coeffs>(s.k);
       s.col0 = cols;
       cols += s.p.cols;
       max_slots += s.k;
     }
     for (auto& v : vectors_) {
-      v.master = buffer<float>(v.p.n);
-      v.exp_avg = buffer<float>(v.p.n);
-      v.exp_avg_sq = buffer<float>(v.p.n);
+      v.allocate_state();
       v.chunk0 = chunks;
       chunks += (v.p.n + vector_chunk - 1) / vector_chunk;
     }
@@ -607,13 +587,8 @@ class fused_adamw<cuda_space> {
 
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
-    for (const auto& s : matrices_) {
-      for (int k = 0; k < 2; ++k)
-        b += 4 * (s.columns[k].size() + s.master[k].size() + s.exp_avg[k].size() + s.exp_avg_sq[k].size() +
-                  s.counts[k].size());
-      b += sizeof(adamw_coeffs) * s.coeffs.size();
-    }
-    for (const auto& v : vectors_) b += 4 * (v.master.size() + v.exp_avg.size() + v.exp_avg_sq.size());
+    for (const auto& s : matrices_) b += s.slot_bytes() + sizeof(adamw_coeffs) * s.coeffs.size();
+    for (const auto& v : vectors_) b += v.state_bytes();
     b += 8 * (l1_.size() + sumsq_.size() + partials_.size()) + bad_.size() + group_bad_.size();
     b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(cuda_kernels::grad_totals) * totals_.size();
     b += sizeof(cuda_kernels::update_segment) * upd_segs_.size() + sizeof(cuda_kernels::coeff_segment) * coeff_segs_.size();
@@ -621,13 +596,6 @@ class fused_adamw<cuda_space> {
          4 * (ks_.size() + local_.size() + sorted_.size() + chosen_.size()) + flags_.size() + temp_.size();
     return b;
   }
-
-  matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
-  const matrix_state& matrix(std::size_t i) const noexcept { return matrices_[i]; }
-  vector_state& vector(std::size_t i) noexcept { return vectors_[i]; }
-  const vector_state& vector(std::size_t i) const noexcept { return vectors_[i]; }
-  std::size_t matrices() const noexcept { return matrices_.size(); }
-  std::size_t vectors() const noexcept { return vectors_.size(); }
 
  private:
   static std::size_t group_count(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
@@ -639,8 +607,6 @@ class fused_adamw<cuda_space> {
     ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
   }
 
-  std::vector<matrix_state> matrices_;
-  std::vector<vector_state> vectors_;
   cudaStream_t stream_ = nullptr;
   std::size_t groups_ = 0, total_cols_ = 0;
   buffer<double> l1_, sumsq_, partials_;

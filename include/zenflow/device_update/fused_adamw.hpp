@@ -1,6 +1,7 @@
 // GpuUpdater policy: everything that happens where the model trains. Per matrix it keeps the
 // selected columns' fp32 master, moments and counts in compact [k][rows] arrays (two sets, so a
-// reselection builds the new set without allocating); per vector its whole optimizer state.
+// reselection builds the new set without allocating; updater_state.hpp); per vector its whole
+// optimizer state.
 // It runs the per-step gradient pass (finite check, sums for clipping, column scores) and the
 // AdamW update of the selected columns and all vectors.
 #pragma once
@@ -14,70 +15,59 @@
 #include "../host/kernel_table.hpp"
 #include "../params.hpp"
 #include "functors.hpp"
+#include "updater_state.hpp"
 
 namespace zenflow {
 
+namespace detail {
+// fused_adamw's per-parameter state: the shared slot sets / AdamW state, plus this step's
+// per-column (per-chunk for a vector) statistics of the raw gradient.
 template <class Space>
-class fused_adamw {
+struct fused_matrix_state : column_slots<Space> {
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
+  buffer<double> l1, sumsq;
+  buffer<unsigned char> bad;
+};
+template <class Space>
+struct fused_vector_state : vector_adamw_state<Space> {
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
+  buffer<double> sumsq;
+  buffer<unsigned char> bad;
+};
+}  // namespace detail
+
+template <class Space>
+class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, detail::fused_vector_state<Space>> {
+  using registry = updater_registry<detail::fused_matrix_state<Space>, detail::fused_vector_state<Space>>;
+  using registry::matrices_;
+  using registry::vectors_;
+
  public:
   template <class T>
   using buffer = typename Space::template buffer<T>;
 
   static constexpr std::size_t vector_chunk = 4096;
 
-  struct matrix_state {
-    matrix_param p;
-    std::size_t k = 0;       // selected columns (fixed by topk_ratio)
-    std::size_t active = 0;  // columns selected now: 0 before the first selection, then k
-    int cur = 0;             // which of the two slot sets is live
-    buffer<std::uint32_t> columns[2];
-    buffer<float> master[2], exp_avg[2], exp_avg_sq[2];
-    buffer<std::uint32_t> counts[2];
-    buffer<double> l1, sumsq;  // per column, of the raw gradient of this step
-    buffer<unsigned char> bad;
-  };
-  struct vector_state {
-    vector_param p;
-    buffer<float> master, exp_avg, exp_avg_sq;
-    std::uint32_t count = 0;
-    buffer<double> sumsq;
-    buffer<unsigned char> bad;
-  };
+  using matrix_state = detail::fused_matrix_state<Space>;
+  using vector_state = detail::fused_vector_state<Space>;
   struct grad_summary {
     bool finite;
     double sumsq;  // of the raw gradient, all params
   };
 
-  std::size_t add_matrix(const matrix_param& p, std::size_t k) {
-    auto& s = matrices_.emplace_back();
-    s.p = p;
-    s.k = k;
-    return matrices_.size() - 1;
-  }
-  std::size_t add_vector(const vector_param& p) {
-    vectors_.emplace_back().p = p;
-    return vectors_.size() - 1;
-  }
-
   void allocate() {
     std::size_t ngroups = 0;
     for (auto& s : matrices_) {
-      for (int b = 0; b < 2; ++b) {
-        s.columns[b] = buffer<std::uint32_t>(s.k);
-        s.master[b] = buffer<float>(s.k * s.p.rows);
-        s.exp_avg[b] = buffer<float>(s.k * s.p.rows);
-        s.exp_avg_sq[b] = buffer<float>(s.k * s.p.rows);
-        s.counts[b] = buffer<std::uint32_t>(s.k);
-      }
+      s.allocate_slots();
       s.l1 = buffer<double>(s.p.cols);
       s.sumsq = buffer<double>(s.p.cols);
       s.bad = buffer<unsigned char>(s.p.cols);
       ngroups += groups(s.p.cols);
     }
     for (auto& v : vectors_) {
-      v.master = buffer<float>(v.p.n);
-      v.exp_avg = buffer<float>(v.p.n);
-      v.exp_avg_sq = buffer<float>(v.p.n);
+      v.allocate_state();
       const std::size_t chunks = (v.p.n + vector_chunk - 1) / vector_chunk;
       v.sumsq = buffer<double>(chunks);
       v.bad = buffer<unsigned char>(chunks);
@@ -174,30 +164,15 @@ class fused_adamw {
   // its fp32 master and moments and per-chunk statistics.
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
-    for (const auto& s : matrices_) {
-      for (int k = 0; k < 2; ++k)
-        b += 4 * (s.columns[k].size() + s.master[k].size() + s.exp_avg[k].size() + s.exp_avg_sq[k].size() +
-                  s.counts[k].size());
-      b += 8 * (s.l1.size() + s.sumsq.size()) + s.bad.size();
-    }
-    for (const auto& v : vectors_)
-      b += 4 * (v.master.size() + v.exp_avg.size() + v.exp_avg_sq.size()) + 8 * v.sumsq.size() + v.bad.size();
+    for (const auto& s : matrices_) b += s.slot_bytes() + 8 * (s.l1.size() + s.sumsq.size()) + s.bad.size();
+    for (const auto& v : vectors_) b += v.state_bytes() + 8 * v.sumsq.size() + v.bad.size();
     return b;
   }
-
-  matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
-  const matrix_state& matrix(std::size_t i) const noexcept { return matrices_[i]; }
-  vector_state& vector(std::size_t i) noexcept { return vectors_[i]; }
-  const vector_state& vector(std::size_t i) const noexcept { return vectors_[i]; }
-  std::size_t matrices() const noexcept { return matrices_.size(); }
-  std::size_t vectors() const noexcept { return vectors_.size(); }
 
  private:
   static std::size_t groups(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
 
   std::vector<double> partials_;  // host scratch of the total (8 bytes per 32 columns)
-  std::vector<matrix_state> matrices_;
-  std::vector<vector_state> vectors_;
 };
 
 }  // namespace zenflow

@@ -1,0 +1,87 @@
+// What every GpuUpdater keeps per registered parameter, whatever the space: for a matrix, the
+// selected columns' fp32 master, moments and Adam counts in two compact [k][rows] slot sets (a
+// reselection builds the new set without allocating); for a vector, its whole AdamW state. And
+// the registry of both, with the accessors the optimizer and its checkpoint format use. Each
+// updater adds its own per-step scratch by deriving from these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../params.hpp"
+
+namespace zenflow {
+
+template <class Space>
+struct column_slots {
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
+  matrix_param p;
+  std::size_t k = 0;       // selected columns (fixed by topk_ratio)
+  std::size_t active = 0;  // columns selected now: 0 before the first selection, then k
+  int cur = 0;             // which of the two slot sets is live
+  buffer<std::uint32_t> columns[2];
+  buffer<float> master[2], exp_avg[2], exp_avg_sq[2];
+  buffer<std::uint32_t> counts[2];
+
+  void allocate_slots() {
+    for (int b = 0; b < 2; ++b) {
+      columns[b] = buffer<std::uint32_t>(k);
+      master[b] = buffer<float>(k * p.rows);
+      exp_avg[b] = buffer<float>(k * p.rows);
+      exp_avg_sq[b] = buffer<float>(k * p.rows);
+      counts[b] = buffer<std::uint32_t>(k);
+    }
+  }
+  std::size_t slot_bytes() const noexcept {
+    std::size_t b = 0;
+    for (int s = 0; s < 2; ++s)
+      b += 4 * (columns[s].size() + master[s].size() + exp_avg[s].size() + exp_avg_sq[s].size() + counts[s].size());
+    return b;
+  }
+};
+
+template <class Space>
+struct vector_adamw_state {
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
+  vector_param p;
+  buffer<float> master, exp_avg, exp_avg_sq;
+  std::uint32_t count = 0;
+
+  void allocate_state() {
+    master = buffer<float>(p.n);
+    exp_avg = buffer<float>(p.n);
+    exp_avg_sq = buffer<float>(p.n);
+  }
+  std::size_t state_bytes() const noexcept { return 4 * (master.size() + exp_avg.size() + exp_avg_sq.size()); }
+};
+
+// The registered parameters of an updater, in registration order (indices as the optimizer's).
+template <class MatrixState, class VectorState>
+class updater_registry {
+ public:
+  std::size_t add_matrix(const matrix_param& p, std::size_t k) {
+    auto& s = matrices_.emplace_back();
+    s.p = p;
+    s.k = k;
+    return matrices_.size() - 1;
+  }
+  std::size_t add_vector(const vector_param& p) {
+    vectors_.emplace_back().p = p;
+    return vectors_.size() - 1;
+  }
+  MatrixState& matrix(std::size_t i) noexcept { return matrices_[i]; }
+  const MatrixState& matrix(std::size_t i) const noexcept { return matrices_[i]; }
+  VectorState& vector(std::size_t i) noexcept { return vectors_[i]; }
+  const VectorState& vector(std::size_t i) const noexcept { return vectors_[i]; }
+  std::size_t matrices() const noexcept { return matrices_.size(); }
+  std::size_t vectors() const noexcept { return vectors_.size(); }
+
+ protected:
+  std::vector<MatrixState> matrices_;
+  std::vector<VectorState> vectors_;
+};
+
+}  // namespace zenflow
