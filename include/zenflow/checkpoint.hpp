@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -109,9 +110,21 @@ struct section {
   std::size_t size;
 };
 
+// A temporary file name next to path, unique to this process and call, so that concurrent saves
+// to one path never write into each other's file (the last rename wins, each file complete).
+inline std::string temporary_name(const std::string& path) {
+  static std::atomic<unsigned long long> counter{0};
+#if defined(__unix__) || defined(__APPLE__)
+  const long pid = long(::getpid());
+#else
+  const long pid = 0;
+#endif
+  return path + ".tmp." + std::to_string(pid) + "." + std::to_string(counter.fetch_add(1));
+}
+
 // Writes the sections atomically to path (temporary file, fsync, rename, fsync of the directory).
 inline void write_file(const std::string& path, const std::vector<std::pair<std::uint32_t, const writer*>>& sections) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temporary_name(path);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw std::runtime_error("zenflow: cannot create " + tmp);
   bool ok = std::fwrite(magic, 1, 8, f) == 8;

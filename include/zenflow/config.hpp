@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "adamw.hpp"
+#include "detail/format.hpp"
 #include "detail/json.hpp"
 
 namespace zenflow {
@@ -62,10 +63,7 @@ struct config {
     auto bad = [](const std::string& key, const std::string& rule, const std::string& got) {
       throw config_error("zenflow config: " + key + " " + rule + ", got " + got);
     };
-    auto num = [](double x) {
-      std::string s = std::to_string(x);
-      return s;
-    };
+    auto num = [](auto x) { return detail::exact(x); };
     if (!(topk_ratio >= 0.0 && topk_ratio <= 1.0)) bad("topk_ratio", "must be in [0, 1]", num(topk_ratio));
     if (!update_interval.automatic && update_interval.steps < 1)
       bad("update_interval", "must be >= 1 or \"auto\"", std::to_string(update_interval.steps));
@@ -88,6 +86,13 @@ struct config {
     if (adam.mode != adam_mode::adamw && adam.mode != adam_mode::classic) bad("adam_mode", "must be adamw or classic", "?");
     if (!(std::isfinite(max_grad_norm) && max_grad_norm >= 0))
       bad("max_grad_norm", "must be finite and >= 0 (0 = no clipping)", num(max_grad_norm));
+    // Magnitudes no run means: an AdamW step moves a weight by about lr; decoupled decay
+    // multiplies it by 1 - lr * weight_decay, which must not go below zero.
+    if (adam.lr > 1) bad("lr", "must be at most 1", num(adam.lr));
+    if (adam.weight_decay > 10) bad("weight_decay", "must be at most 10", num(adam.weight_decay));
+    if (double(adam.lr) * double(adam.weight_decay) > 1)
+      bad("weight_decay", "times lr (" + num(adam.lr) + ") must be at most 1", num(adam.weight_decay));
+    if (host_threads > 65536) bad("host_threads", "must be at most 65536 (0 = all cores)", std::to_string(host_threads));
   }
 
   // The select interval in applied steps.

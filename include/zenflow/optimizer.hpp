@@ -24,6 +24,7 @@
 #include "checkpoint.hpp"
 #include "optimizer_checkpoint.hpp"
 #include "config.hpp"
+#include "detail/format.hpp"
 #include "detail/registration.hpp"
 #include "device_update/fused_adamw.hpp"
 #include "host/accumulator.hpp"
@@ -39,7 +40,7 @@ namespace zenflow {
 
 struct optimizer_stats {
   std::uint64_t steps = 0;          // calls of step()
-  std::uint64_t skipped_steps = 0;  // of which skipped for a non-finite gradient
+  std::uint64_t skipped_steps = 0;  // of which skipped: a non-finite gradient, or one overflowing fp32 once unscaled
   std::uint64_t selections = 0;
   std::uint64_t host_updates = 0;   // host AdamW passes over the unselected columns (warm-up included)
   std::uint64_t bytes_to_host = 0;  // device -> host, applied steps only
@@ -95,8 +96,7 @@ class optimizer {
   std::size_t add_vector(const vector_param& p) {
     const std::string who = "vector " + std::to_string(vectors_.size());
     check_registration(who);
-    if (p.n == 0) fail(who + ": n must be > 0");
-    buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, p.n);
+    buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_vector_elements(who, p));
     vectors_.push_back(p);
     return vectors_.size() - 1;
   }
@@ -141,67 +141,36 @@ class optimizer {
   }
 
   // One optimizer step with the gradients currently in the registered grad buffers, which hold
-  // the loss scaled by grad_scale. Returns what happened; a non-finite gradient skips the step.
+  // the loss scaled by grad_scale. Returns what happened; a gradient that is not finite, or that
+  // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
+  // are checked before anything changes; if the step still fails midway (a device or transfer
+  // error), the optimizer refuses step() and save() until a checkpoint is loaded.
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
-    enter();
+    check_usable();
     if (!(std::isfinite(grad_scale) && grad_scale > 0))
-      fail("grad_scale must be finite and > 0, got " + std::to_string(grad_scale));
-    ++steps_;
-    const auto summary = updater_.gradient_pass(space_);
-    if (!summary.finite) {
-      ++skipped_;
-      return {true, false, false, false, applied_};
-    }
-    step_info info;
-    info.t = applied_ + 1;
-    const double inv = 1.0 / double(grad_scale);
-    double clip = 1.0;
-    if (cfg_.max_grad_norm > 0) {
-      const double norm = std::sqrt(summary.sumsq) * inv;
-      clip = std::min(1.0, cfg_.max_grad_norm / (norm + 1e-6));
-    }
-    const float factor = float(inv * clip);
-
-    if (info.t <= cfg_.full_warm_up_rounds) {
-      warm_up(factor);
-      updater_.update(space_, factor, cfg_.adam);  // vectors
-      info.warm_up = true;
-      applied_ = info.t;
-      return info;
-    }
-    if (window_steps_ == 0 && any_selected_ &&
-        (!selected_once_ || info.t - last_selection_ >= cfg_.select_steps())) {
-      scheduler_.wait_offload();  // the last step's accumulation reads the column lists
-      drain();
-      select();
-      last_selection_ = info.t;
-      selected_once_ = true;
-      info.selection = true;
-    }
-    updater_.update(space_, factor, cfg_.adam);
-    if (async_offload_) offload_async(factor);
-    else offload(factor);
-    ++window_steps_;
-    if (cfg_.update_interval.automatic ? auto_boundary(factor)
-                                       : (info.t - cfg_.full_warm_up_rounds) % cfg_.update_interval.steps == 0) {
-      boundary();
-      info.boundary = true;
-    }
-    applied_ = info.t;
-    return info;
+      fail("grad_scale must be finite and > 0, got " + detail::exact(grad_scale));
+    if (!std::isfinite(float(1.0 / double(grad_scale))))
+      fail("grad_scale " + detail::exact(grad_scale) + " is too small: 1 / grad_scale overflows fp32");
+    enter();
+    return guarded([&] { return step_checked(grad_scale); });
   }
-
   // Finishes any host update in flight and makes its result visible in the params.
   void synchronize() {
     if (!initialized_) return;
+    check_usable();
     enter();
-    scheduler_.wait_offload();
-    drain();
+    guarded([&] {
+      scheduler_.wait_offload();
+      drain();
+    });
   }
 
   void set_lr(float lr) {
-    if (!(std::isfinite(lr) && lr >= 0)) fail("lr must be finite and >= 0, got " + std::to_string(lr));
+    if (!(std::isfinite(lr) && lr >= 0)) fail("lr must be finite and >= 0, got " + detail::exact(lr));
+    config c = cfg_;
+    c.adam.lr = lr;
+    c.validate();  // the bounds that involve lr
     cfg_.adam.lr = lr;
   }
   float lr() const noexcept { return cfg_.adam.lr; }
@@ -274,6 +243,7 @@ class optimizer {
   // on I/O failure, with the optimizer unchanged.
   void save(const std::string& path) {
     if (!initialized_) fail("save() before initialize()");
+    check_usable();  // never a checkpoint of a state a failed step left half-changed
     enter();
     quiesce();
     detail::optimizer_checkpoint<optimizer>::save(*this, path);
@@ -294,7 +264,13 @@ class optimizer {
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
     if (!initialized_) fail("load() before initialize()");
     enter();
+    try {
+      quiesce();
+    } catch (...) {
+      // a background job failed: the state it left is what this load replaces
+    }
     detail::optimizer_checkpoint<optimizer>::load_image(*this, data, size, name);
+    broken_.clear();  // a complete, checked state again
   }
 
  private:
@@ -302,6 +278,76 @@ class optimizer {
   friend struct detail::optimizer_checkpoint;
 
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
+
+  // step() once its arguments are checked: everything up to the gradient pass's verdict changes
+  // nothing; a step whose gradient is not finite, or would overflow fp32 once unscaled and
+  // clipped (|g| * factor <= ||g|| * factor < FLT_MAX guarantees it cannot), is skipped.
+  step_info step_checked(float grad_scale) {
+    const auto summary = updater_.gradient_pass(space_);
+    const double inv = 1.0 / double(grad_scale);
+    double clip = 1.0;
+    if (cfg_.max_grad_norm > 0) {
+      const double norm = std::sqrt(summary.sumsq) * inv;
+      clip = std::min(1.0, cfg_.max_grad_norm / (norm + 1e-6));
+    }
+    const float factor = float(inv * clip);
+    ++steps_;
+    if (!summary.finite || !(std::sqrt(summary.sumsq) * double(factor) < double(std::numeric_limits<float>::max()))) {
+      ++skipped_;
+      return {true, false, false, false, applied_};
+    }
+    step_info info;
+    info.t = applied_ + 1;
+
+    if (info.t <= cfg_.full_warm_up_rounds) {
+      warm_up(factor);
+      updater_.update(space_, factor, cfg_.adam);  // vectors
+      info.warm_up = true;
+      applied_ = info.t;
+      return info;
+    }
+    if (window_steps_ == 0 && any_selected_ &&
+        (!selected_once_ || info.t - last_selection_ >= cfg_.select_steps())) {
+      scheduler_.wait_offload();  // the last step's accumulation reads the column lists
+      drain();
+      select();
+      last_selection_ = info.t;
+      selected_once_ = true;
+      info.selection = true;
+    }
+    updater_.update(space_, factor, cfg_.adam);
+    if (async_offload_) offload_async(factor);
+    else offload(factor);
+    ++window_steps_;
+    if (cfg_.update_interval.automatic ? auto_boundary(factor)
+                                       : (info.t - cfg_.full_warm_up_rounds) % cfg_.update_interval.steps == 0) {
+      boundary();
+      info.boundary = true;
+    }
+    applied_ = info.t;
+    return info;
+  }
+
+  // Runs f; if it throws, the optimizer may be half-way through a step or a transfer, so it
+  // refuses further work (step, save; see check_usable) until a checkpoint is loaded: never a
+  // checkpoint of an inconsistent state.
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+      throw;
+    } catch (...) {
+      broken_ = "an unknown exception";
+      throw;
+    }
+  }
+  void check_usable() const {
+    if (!broken_.empty())
+      throw std::logic_error("zenflow: a step or transfer failed midway (" + broken_ +
+                             "); the optimizer's state may be inconsistent: load a checkpoint to go on");
+  }
 
   static const config& checked(const config& c) {
     c.validate();
@@ -489,8 +535,10 @@ class optimizer {
 
   // Every background job finished (nothing applied).
   void quiesce() {
-    scheduler_.wait_offload();
-    scheduler_.wait();
+    guarded([&] {
+      scheduler_.wait_offload();
+      scheduler_.wait();
+    });
   }
 
   // The host's staged params of columns list[0..n) of matrix i into the device params: gathered
@@ -698,6 +746,7 @@ class optimizer {
   std::vector<matrix_param> matrices_;
   std::vector<vector_param> vectors_;
   detail::registered_buffers buffers_;
+  std::string broken_;  // why the optimizer refuses further work (empty: it does not)
   // host mirrors of each matrix's column lists: all, unselected, selected (ascending)
   std::vector<std::vector<std::uint32_t>> all_columns_, unselected_, selected_;
   bool initialized_ = false, any_selected_ = false, selected_once_ = false, pending_ = false;

@@ -16,6 +16,7 @@
 
 #include "checkpoint.hpp"
 #include "config.hpp"
+#include "detail/format.hpp"
 #include "params.hpp"
 
 namespace zenflow::detail {
@@ -309,8 +310,8 @@ struct optimizer_checkpoint {
   template <class Bad>
   static void compare_config(const config& here, const config& f, Bad bad) {
     auto differ = [&](const char* key, auto file, auto here) {
-      if (!(file == here)) bad(std::string("config differs: ") + key + " is " + std::to_string(file) + " in the file, " +
-                               std::to_string(here) + " here");
+      if (!(file == here)) bad(std::string("config differs: ") + key + " is " + detail::exact(file) + " in the file, " +
+                               detail::exact(here) + " here");
     };
     differ("topk_ratio", f.topk_ratio, here.topk_ratio);
     differ("select_interval", f.select_interval.automatic ? -1.0 : double(f.select_interval.steps),

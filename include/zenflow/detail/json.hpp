@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_set>
 #include <vector>
 
 namespace zenflow::detail::json {
@@ -136,12 +137,12 @@ class parser {
       ++i_;
       return;
     }
+    std::unordered_set<std::string> seen;  // duplicate keys found in O(1) each
     for (;;) {
       skip_ws();
       if (peek() != '"') fail("expected a member name in double quotes");
       std::string key = parse_string();
-      for (const auto& k : v.keys)
-        if (k == key) fail("duplicate key \"" + key + "\"");
+      if (!seen.insert(key).second) fail("duplicate key \"" + key + "\"");
       skip_ws();
       if (peek() != ':') fail("expected ':' after the member name");
       ++i_;

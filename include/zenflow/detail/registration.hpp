@@ -30,6 +30,15 @@ inline std::size_t checked_matrix_elements(const std::string& who, const matrix_
   return p.rows * p.cols;
 }
 
+// Elements of a vector parameter: more than any buffer can hold is refused here, not later as a
+// bare allocation failure.
+inline std::size_t checked_vector_elements(const std::string& who, const vector_param& p) {
+  if (p.n == 0) invalid(who + ": n must be > 0");
+  if (p.n > std::numeric_limits<std::size_t>::max() / 16)
+    invalid(who + ": n = " + std::to_string(p.n) + " elements cannot be held (its fp32 state alone overflows)");
+  return p.n;
+}
+
 // The memory of every registered param and grad, so that a new one overlapping any of them is
 // refused (an optimizer would otherwise update one buffer twice, or write into a gradient).
 class registered_buffers {

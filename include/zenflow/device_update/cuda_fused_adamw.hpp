@@ -497,7 +497,10 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     enqueue_gradient_pass(space);
     ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
                                 cudaMemcpyDeviceToHost, stream_));
-    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    // wait on a blocking-sync event: the thread sleeps through the trainer's backward instead of
+    // spinning a core that the host update and the offload lane need
+    space.record(summary_ready_);
+    summary_ready_.wait();
     scores_valid_[0] = scores_valid_[1] = false;
     return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
   }
@@ -614,6 +617,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   buffer<cuda_kernels::grad_segment> grad_segs_;
   buffer<cuda_kernels::grad_totals> totals_;
   pinned_array<cuda_kernels::grad_totals> totals_host_;
+  cuda_space::event summary_ready_;  // the 16-byte summary has reached totals_host_
   buffer<cuda_kernels::update_segment> upd_segs_;
   pinned_array<cuda_kernels::update_segment> upd_host_;
   buffer<cuda_kernels::coeff_segment> coeff_segs_;

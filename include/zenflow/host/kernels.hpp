@@ -23,6 +23,7 @@
 #include <oneapi/tbb/partitioner.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include "../detail/format.hpp"
 #include "kernel_table.hpp"
 
 #if !defined(ZENFLOW_HOST_DISPATCH)
@@ -91,12 +92,12 @@ inline void check_disjoint(std::initializer_list<extent> xs) {
 inline bool finite(float x) noexcept { return x - x == 0.0f; }
 
 inline void check_hyper(const adamw_hyper& h) {
-  if (!finite(h.lr) || h.lr < 0) fail("lr must be finite and >= 0, got " + std::to_string(h.lr));
-  if (!(h.beta1 >= 0 && h.beta1 < 1)) fail("beta1 must be in [0, 1), got " + std::to_string(h.beta1));
-  if (!(h.beta2 >= 0 && h.beta2 < 1)) fail("beta2 must be in [0, 1), got " + std::to_string(h.beta2));
-  if (!finite(h.eps) || !(h.eps > 0)) fail("eps must be finite and > 0, got " + std::to_string(h.eps));
+  if (!finite(h.lr) || h.lr < 0) fail("lr must be finite and >= 0, got " + ::zenflow::detail::exact(h.lr));
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) fail("beta1 must be in [0, 1), got " + ::zenflow::detail::exact(h.beta1));
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) fail("beta2 must be in [0, 1), got " + ::zenflow::detail::exact(h.beta2));
+  if (!finite(h.eps) || !(h.eps > 0)) fail("eps must be finite and > 0, got " + ::zenflow::detail::exact(h.eps));
   if (!finite(h.weight_decay) || h.weight_decay < 0)
-    fail("weight_decay must be finite and >= 0, got " + std::to_string(h.weight_decay));
+    fail("weight_decay must be finite and >= 0, got " + ::zenflow::detail::exact(h.weight_decay));
   if (h.mode != adam_mode::adamw && h.mode != adam_mode::classic) fail("unknown adam_mode");
 }
 

@@ -1,0 +1,244 @@
+// Calls that must not poison the optimizer's state: a grad_scale whose reciprocal overflows, a
+// finite gradient that overflows once unscaled, a step that fails midway, impossible sizes, and
+// concurrent saves to one path. Each case checks the state against a run without the bad call
+// (the same bits) or checks that the optimizer refuses further work with a clear error.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+using namespace zenflow;
+namespace json = zenflow::detail::json;
+
+namespace {
+
+constexpr std::size_t R = 8, C = 24;
+
+config small_config(bool overlap) {
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::every(2);
+  cfg.select_interval = interval::every(4);
+  cfg.overlap_step = overlap;
+  return cfg;
+}
+
+void gradients(std::vector<float>& dw, int s) {
+  for (std::size_t i = 0; i < dw.size(); ++i) dw[i] = std::sin(float(i * 3 + std::size_t(s))) * 0.01f;
+}
+
+// The params and fp32 masters after `steps` good steps, with `bad(opt, dw)` called after the
+// third one (it must leave no trace).
+template <class Bad>
+std::pair<std::vector<float>, std::vector<float>> run(bool overlap, int steps, Bad&& bad) {
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  optimizer<> opt(small_config(overlap));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  for (int s = 0; s < steps; ++s) {
+    gradients(dw, s);
+    CHECK_FALSE(opt.step(2.0f).skipped);
+    if (s == 2) {
+      bad(opt, dw);
+      gradients(dw, s + 1000);  // whatever the bad call left in the grads is overwritten anyway
+    }
+  }
+  opt.synchronize();
+  std::vector<float> master(R * C);
+  opt.copy_master(0, master.data());
+  CHECK(opt.stats().steps == opt.applied_steps() + opt.stats().skipped_steps);
+  return {w, master};
+}
+
+}  // namespace
+
+TEST_CASE("a grad_scale whose reciprocal overflows fp32 is refused before anything changes") {
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto ref = run(overlap, 8, [](optimizer<>&, std::vector<float>&) {});
+    const auto got = run(overlap, 8, [](optimizer<>& opt, std::vector<float>&) {
+      const auto before = opt.stats().steps;
+      // 1e-40f is a finite positive denormal: 1 / 1e-40 = 1e40 is not an fp32 number
+      CHECK_THROWS_WITH_AS(opt.step(1e-40f),
+                           doctest::Contains("is too small: 1 / grad_scale overflows fp32"), std::invalid_argument);
+      CHECK(opt.stats().steps == before);
+    });
+    CHECK(ref == got);
+  }
+}
+
+TEST_CASE("a finite gradient that overflows once unscaled skips the step and changes nothing") {
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto ref = run(overlap, 8, [](optimizer<>&, std::vector<float>&) {});
+    const auto got = run(overlap, 8, [](optimizer<>& opt, std::vector<float>& dw) {
+      // every value finite (1e10), but 1e10 / 1e-30 = 1e40 is not an fp32 number
+      for (float& x : dw) x = 1e10f;
+      const auto before = opt.stats();
+      const auto applied = opt.applied_steps();
+      const step_info info = opt.step(1e-30f);
+      CHECK(info.skipped);
+      CHECK(opt.stats().skipped_steps == before.skipped_steps + 1);
+      CHECK(opt.applied_steps() == applied);
+    });
+    CHECK(ref == got);
+  }
+  // The guarantee is the norm's: ||g|| * factor < FLT_MAX bounds every |g_i| * factor. A large
+  // gradient that fits is applied.
+  std::vector<float> w(R * C, 0.25f), dw(R * C, 1e15f);
+  optimizer<> opt(small_config(false));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  CHECK_FALSE(opt.step(1.0f).skipped);
+  for (float x : w) CHECK(std::isfinite(x));
+}
+
+namespace {
+// A Scheduler whose host update fails: a step that reaches a boundary throws midway.
+struct failing_update : synchronous {
+  static inline bool fail = false;
+  template <class Job>
+  void launch(Job&& job) {
+    if (fail) throw std::runtime_error("host update lane failed");
+    synchronous::launch(std::forward<Job>(job));
+  }
+};
+}  // namespace
+
+TEST_CASE("a step that fails midway refuses further steps and saves until a checkpoint is loaded") {
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, failing_update> opt(
+      small_config(false));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  const std::string good = std::string(ZF_TEST_TMP_DIR) + "/midway-good.zfck";
+  const std::string after = std::string(ZF_TEST_TMP_DIR) + "/midway-after.zfck";
+  failing_update::fail = false;
+  gradients(dw, 0);
+  opt.step();  // t = 1: selection, mid-window
+  opt.save(good);
+  gradients(dw, 1);
+  failing_update::fail = true;
+  CHECK_THROWS_WITH_AS(opt.step(), "host update lane failed", std::runtime_error);  // t = 2: boundary
+  failing_update::fail = false;
+  // the state may be half-changed: no step, no checkpoint of it
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("failed midway (host update lane failed)"), std::logic_error);
+  CHECK_THROWS_WITH_AS(opt.save(after), doctest::Contains("load a checkpoint to go on"), std::logic_error);
+  CHECK_THROWS_AS(opt.synchronize(), std::logic_error);
+  std::FILE* f = std::fopen(after.c_str(), "rb");
+  CHECK(f == nullptr);  // nothing was written
+  if (f) std::fclose(f);
+  // loading a checkpoint makes it usable again, and the run goes on as one that never failed
+  opt.load(good);
+  gradients(dw, 1);
+  CHECK_FALSE(opt.step().skipped);
+  opt.synchronize();
+  std::vector<float> w_ref(R * C, 0.25f), dw_ref(R * C);
+  optimizer<> ref(small_config(false));
+  ref.add_matrix({w_ref.data(), dw_ref.data(), R, C});
+  ref.initialize();
+  for (int s = 0; s < 2; ++s) {
+    gradients(dw_ref, s);
+    ref.step();
+  }
+  ref.synchronize();
+  CHECK(w == w_ref);
+  std::remove(good.c_str());
+}
+
+TEST_CASE("impossible vector sizes are refused at registration") {
+  std::vector<float> b(16), gb(16);
+  optimizer<> opt(config{});
+  CHECK_THROWS_WITH_AS(opt.add_vector({b.data(), gb.data(), std::size_t(1) << 62}),
+                       doctest::Contains("vector 0: n = 4611686018427387904 elements cannot be held"),
+                       std::invalid_argument);
+  CHECK(opt.add_vector({b.data(), gb.data(), 16}) == 0);  // still usable
+}
+
+TEST_CASE("concurrent saves to one path all succeed and leave a loadable checkpoint") {
+  // four optimizers with the same state, each saving from its own thread to the same path
+  struct one {
+    std::vector<float> w = std::vector<float>(R * C, 0.25f), dw = std::vector<float>(R * C);
+    optimizer<> opt{small_config(false)};
+    one() {
+      opt.add_matrix({w.data(), dw.data(), R, C});
+      opt.initialize();
+      gradients(dw, 0);
+      opt.step();
+    }
+  };
+  std::vector<std::unique_ptr<one>> opts;
+  for (int t = 0; t < 4; ++t) opts.push_back(std::make_unique<one>());
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/concurrent.zfck";
+  int failures[4] = {0, 0, 0, 0};
+  std::vector<std::thread> savers;
+  for (int t = 0; t < 4; ++t)
+    savers.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) try {
+          opts[std::size_t(t)]->opt.save(path);
+        } catch (const std::exception&) {
+          ++failures[t];
+        }
+    });
+  for (auto& s : savers) s.join();
+  for (int n : failures) CHECK(n == 0);
+  std::vector<float> w2(R * C), dw2(R * C);
+  optimizer<> other(small_config(false));
+  other.add_matrix({w2.data(), dw2.data(), R, C});
+  other.initialize();
+  CHECK_NOTHROW(other.load(path));
+  CHECK(w2 == opts[0]->w);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("magnitudes no run means are refused with the value printed exactly") {
+  auto expect = [](config c, const char* msg) { CHECK_THROWS_WITH_AS(c.validate(), msg, config_error); };
+  config c;
+  c.adam.lr = 2.0f;
+  expect(c, "zenflow config: lr must be at most 1, got 2");
+  c = {};
+  c.adam.weight_decay = 1e30f;
+  expect(c, "zenflow config: weight_decay must be at most 10, got 1e+30");
+  c = {};
+  c.adam.lr = 0.5f;
+  c.adam.weight_decay = 4.0f;
+  expect(c, "zenflow config: weight_decay times lr (0.5) must be at most 1, got 4");
+  c = {};
+  c.host_threads = 4000000000u;
+  expect(c, "zenflow config: host_threads must be at most 65536 (0 = all cores), got 4000000000");
+  c = {};
+  c.adam.eps = 1e-8f + 1e-15f;  // printed as the float it is, not as 0.000000
+  c.adam.eps = -c.adam.eps;
+  expect(c, "zenflow config: eps must be finite and > 0, got -1.0000001e-08");
+  // set_lr applies the same bounds, and changes nothing when it refuses
+  std::vector<float> w(R * C), dw(R * C);
+  config cfg;
+  cfg.adam.weight_decay = 2.0f;
+  optimizer<> opt(cfg);
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  CHECK_THROWS_WITH_AS(opt.set_lr(0.75f), "zenflow config: weight_decay times lr (0.75) must be at most 1, got 2",
+                       config_error);
+  CHECK(opt.lr() == cfg.adam.lr);
+}
+
+TEST_CASE("a JSON object with many keys is read whole, duplicates still refused") {
+  // 40,000 keys: the duplicate check is a hash set now (a pairwise check took ~11 s here)
+  std::string text = "{";
+  for (int i = 0; i < 40000; ++i) text += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": " + std::to_string(i);
+  text += "}";
+  const json::value v = json::parse(text);
+  REQUIRE(v.keys.size() == 40000);
+  CHECK(v.keys[39999] == "k39999");
+  CHECK_THROWS_WITH_AS(json::parse("{\"a\": 1, \"b\": 2, \"a\": 3}"), doctest::Contains("duplicate key \"a\""),
+                       json::parse_error);
+}
