@@ -247,9 +247,15 @@ TEST_CASE("config_from_deepspeed_json: the block, the optimizer and clipping") {
   expect_ds_error(R"({"optimizer": {"params": {"bias_correction": false}}, "zero_optimization": {"zenflow": {}}})",
                   "zenflow config: optimizer.params.bias_correction = false is not supported");
   expect_ds_error(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}, "zero_optimization": {"zenflow": {}}})",
-                  "zenflow config: beta2 must be in [0, 1), got 1");
+                  "zenflow config: optimizer.params.betas[1] must be in [0, 1), got 1");
   expect_ds_error(R"({"gradient_clipping": -1, "zero_optimization": {"zenflow": {}}})",
-                  "zenflow config: max_grad_norm must be finite and >= 0 (0 = no clipping), got -1");
+                  "zenflow config: gradient_clipping must be finite and >= 0 (0 = no clipping), got -1");
+  // a value that fp32 rounds into a refused one says so
+  expect_ds_error(R"({"optimizer": {"params": {"betas": [0.9, 0.99999999]}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.betas[1] must be in [0, 1), got 1 (0.99999999 in the JSON, "
+                  "rounded to fp32)");
+  expect_ds_error(R"({"zero_optimization": {"zenflow": {"topk_ratio": 1.5}}})",
+                  "zenflow config: zero_optimization.zenflow.topk_ratio must be in [0, 1], got 1.5");
   expect_ds_error("[1]", "zenflow config: the DeepSpeed config must be an object, got an array (line 1)");
 }
 

@@ -60,8 +60,14 @@ struct config {
 
   // Throws config_error naming the first bad key.
   void validate() const {
-    auto bad = [](const std::string& key, const std::string& rule, const std::string& got) {
-      throw config_error("zenflow config: " + key + " " + rule + ", got " + got);
+    validate_as([](const std::string& key) { return key; }, [](const std::string&) { return std::string(); });
+  }
+  // validate() with each key shown as name(key) and followed by note(key): a reader of another
+  // format names its own keys, and says where a value was rounded on the way in.
+  template <class Name, class Note>
+  void validate_as(Name name, Note note) const {
+    auto bad = [&](const std::string& key, const std::string& rule, const std::string& got) {
+      throw config_error("zenflow config: " + name(key) + " " + rule + ", got " + got + note(key));
     };
     auto num = [](auto x) { return detail::exact(x); };
     if (!(topk_ratio >= 0.0 && topk_ratio <= 1.0)) bad("topk_ratio", "must be in [0, 1]", num(topk_ratio));
@@ -315,7 +321,26 @@ inline config config_from_deepspeed_json(std::string_view text, config base = {}
     c.adam.mode = adamw ? adam_mode::adamw : adam_mode::classic;
   }
   if (const auto* clip = doc.find("gradient_clipping")) c.max_grad_norm = detail::json_number(*clip, "gradient_clipping");
-  c.validate();
+  // errors name the keys of this document; a value that fp32 rounded says so
+  auto ds_key = [](const std::string& k) -> std::string {
+    if (k == "max_grad_norm") return "gradient_clipping";
+    if (k == "lr" || k == "eps" || k == "weight_decay") return "optimizer.params." + k;
+    if (k == "beta1") return "optimizer.params.betas[0]";
+    if (k == "beta2") return "optimizer.params.betas[1]";
+    return "zero_optimization.zenflow." + k;
+  };
+  auto rounded = [&](const std::string& k) -> std::string {
+    const detail::json::value* v = nullptr;
+    if (const auto* opt = doc.find("optimizer"))
+      if (const auto* params = opt->find("params")) {
+        if (k == "lr" || k == "eps" || k == "weight_decay") v = params->find(k);
+        const auto* betas = params->find("betas");
+        if (betas && betas->items.size() == 2 && (k == "beta1" || k == "beta2")) v = &betas->items[k == "beta1" ? 0 : 1];
+      }
+    if (!v || v->type != detail::json::kind::number || double(float(v->number)) == v->number) return "";
+    return " (" + v->text + " in the JSON, rounded to fp32)";
+  };
+  c.validate_as(ds_key, rounded);
   return c;
 }
 
