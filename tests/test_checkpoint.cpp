@@ -3,6 +3,8 @@
 // leave the optimizer unchanged; a storm of non-finite gradients changes nothing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -299,5 +301,72 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   CHECK_THROWS_WITH_AS(b.load_image(img.data(), img.size()),
                        doctest::Contains("an Adam count exceeds the applied steps"), checkpoint_error);
   CHECK(b.column_counts(0) == a.column_counts(0));
+  std::remove(path.c_str());
+}
+
+// Checksums right, but a state the schedule cannot reach: refused by load (every later step
+// would otherwise throw), the optimizer unchanged.
+TEST_CASE("checkpoint: crafted counters the schedule cannot reach are refused") {
+  const std::string path = temp_path("crafted-counters.zfckpt");
+  std::vector<float> w(6 * 9, 0.5f), g(6 * 9, 0.01f);
+  config cfg;  // overlap off
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::every(4);
+  cfg.select_interval = interval::every(4);
+  cfg.overlap_step = false;
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), 6, 9});
+  a.initialize();
+  a.step();  // mid-window: window_steps = 1
+  a.save(path);
+  std::vector<unsigned char> img;
+  {
+    std::ifstream f(path, std::ios::binary);
+    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  std::size_t at = 24;
+  for (int s = 0; s < 2; ++s) {  // skip config and layout: `at` is the counters section
+    std::uint64_t len;
+    std::memcpy(&len, img.data() + at + 8, 8);
+    at += 16 + std::size_t(len) + 4;
+  }
+  std::uint64_t len;
+  std::memcpy(&len, img.data() + at + 8, 8);
+  const std::size_t payload = at + 16;
+  // counters payload: 10 u64 (applied, steps, skipped, selections, host updates, last selection,
+  // window steps, bytes to host, bytes to device, host ns), a double, then u8 selected_once,
+  // u8 pending, u8 accumulator
+  auto crafted = [&](std::size_t offset, const void* value, std::size_t bytes) {
+    std::vector<unsigned char> c = img;
+    std::memcpy(c.data() + payload + offset, value, bytes);
+    const std::uint32_t crc = ckpt::crc32(c.data() + payload, std::size_t(len));
+    std::memcpy(c.data() + payload + len, &crc, 4);
+    return c;
+  };
+  optimizer<> b(cfg);
+  std::vector<float> w2(w.size(), 0.0f), g2(g.size());
+  b.add_matrix({w2.data(), g2.data(), 6, 9});
+  b.initialize();
+  const std::uint8_t one = 1;
+  const std::uint64_t window = 4, applied = 5, steps = 5;
+  const auto acc = crafted(80 + 8 + 2, &one, 1);
+  CHECK_THROWS_WITH_AS(b.load_image(acc.data(), acc.size()),
+                       doctest::Contains("selects the second accumulator, which only overlap_step uses"), checkpoint_error);
+  const auto pend = crafted(80 + 8 + 1, &one, 1);
+  CHECK_THROWS_WITH_AS(b.load_image(pend.data(), pend.size()),
+                       doctest::Contains("has a host update pending, which only overlap_step leaves"), checkpoint_error);
+  // a window as long as update_interval (counters otherwise consistent: applied = steps >= window)
+  std::vector<unsigned char> win = crafted(6 * 8, &window, 8);
+  {
+    std::memcpy(win.data() + payload, &applied, 8);
+    std::memcpy(win.data() + payload + 8, &steps, 8);
+    const std::uint32_t crc = ckpt::crc32(win.data() + payload, std::size_t(len));
+    std::memcpy(win.data() + payload + len, &crc, 4);
+  }
+  CHECK_THROWS_WITH_AS(b.load_image(win.data(), win.size()),
+                       doctest::Contains("has an open window of 4 steps; update_interval is 4"), checkpoint_error);
+  CHECK(std::all_of(w2.begin(), w2.end(), [](float x) { return x == 0.0f; }));  // nothing was committed
+  CHECK_NOTHROW(b.load_image(img.data(), img.size()));  // the real file loads
+  CHECK(w2 == w);
   std::remove(path.c_str());
 }

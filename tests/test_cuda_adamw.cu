@@ -38,7 +38,7 @@ __global__ void convert_kernel(const float* x, std::uint16_t* b, std::uint16_t* 
   if (i >= n) return;
   b[i] = zenflow::to_bfloat16(x[i]).bits;
   h[i] = zenflow::to_float16(x[i]).bits;
-  back[i] = zenflow::to_float(zenflow::float16{h[i]});
+  back[i] = zenflow::to_float(zenflow::float16::from_bits(h[i]));
 }
 
 template <class T>
@@ -109,6 +109,6 @@ TEST_CASE("cuda: bf16/f16 rounding on the device is bit-identical to the host" *
   for (int i = 0; i < n; ++i) {
     REQUIRE(b[i] == zenflow::to_bfloat16(x[i]).bits);
     REQUIRE(h[i] == zenflow::to_float16(x[i]).bits);
-    REQUIRE(zf_test::bits(back[i]) == zf_test::bits(zenflow::to_float(zenflow::float16{h[i]})));
+    REQUIRE(zf_test::bits(back[i]) == zf_test::bits(zenflow::to_float(zenflow::float16::from_bits(h[i]))));
   }
 }

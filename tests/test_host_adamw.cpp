@@ -299,7 +299,7 @@ TEST_CASE("adamw: a column list updates exactly those columns, as a full update 
     // listed columns only
     auto pl = p0, ml = m0, vl = v0;
     auto cl = counts0;
-    std::vector<bfloat16> copy_list(rows * cols, bfloat16{0x7fff});
+    std::vector<bfloat16> copy_list(rows * cols, bfloat16::from_bits(0x7fff));
     adamw_job jl = jf;
     jl.param = pl.data(); jl.exp_avg = ml.data(); jl.exp_avg_sq = vl.data();
     jl.param_copy = copy_list.data();

@@ -2,7 +2,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include <zenflow/numeric.hpp>
 
@@ -39,11 +42,11 @@ void check_f16(float x) {
 TEST_CASE("bfloat16 and float16 decode every bit pattern exactly") {
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const double rb = zf_ref::bf16_value(std::uint16_t(h));
-    const float b = to_float(bfloat16{std::uint16_t(h)});
+    const float b = to_float(bfloat16::from_bits(std::uint16_t(h)));
     if (std::isnan(rb)) REQUIRE(std::isnan(b));
     else REQUIRE(double(b) == rb);
     const double rf = zf_ref::f16_value(std::uint16_t(h));
-    const float f = to_float(float16{std::uint16_t(h)});
+    const float f = to_float(float16::from_bits(std::uint16_t(h)));
     if (std::isnan(rf)) {
       REQUIRE(std::isnan(f));
       REQUIRE(std::signbit(f) == bool(h & 0x8000));
@@ -90,9 +93,30 @@ TEST_CASE("narrowing matches the reference over every exponent and random mantis
 
 TEST_CASE("round trips: 16-bit values survive float and back") {
   for (std::uint32_t h = 0; h < 65536; ++h) {
-    const float b = to_float(bfloat16{std::uint16_t(h)});
+    const float b = to_float(bfloat16::from_bits(std::uint16_t(h)));
     if (!std::isnan(b)) REQUIRE(to_bfloat16(b).bits == h);
-    const float f = to_float(float16{std::uint16_t(h)});
+    const float f = to_float(float16::from_bits(std::uint16_t(h)));
     if (!std::isnan(f)) REQUIRE(to_float16(f).bits == h);
   }
+}
+
+// bf16/fp16 from a float round to nearest even; raw bits only through from_bits(); a double or
+// an integer does not compile (it used to be taken as raw bits: bfloat16(0.02f) was zero).
+static_assert(!std::is_aggregate_v<bfloat16> && !std::is_aggregate_v<float16>);
+static_assert(std::is_constructible_v<bfloat16, float> && !std::is_convertible_v<float, bfloat16>);
+static_assert(!std::is_constructible_v<bfloat16, double> && !std::is_constructible_v<bfloat16, int> &&
+              !std::is_constructible_v<bfloat16, std::uint16_t>);
+static_assert(!std::is_constructible_v<float16, double> && !std::is_constructible_v<float16, std::uint16_t>);
+
+TEST_CASE("bfloat16 and float16 made from a float round like to_bfloat16 / to_float16") {
+  for (float x : {0.02f, -3.14159f, 1e-40f, 65504.0f, 1e30f, 0.0f, -0.0f}) {
+    CAPTURE(x);
+    CHECK(bfloat16(x).bits == to_bfloat16(x).bits);
+    CHECK(float16(x).bits == to_float16(x).bits);
+  }
+  CHECK(bfloat16(0.02f).bits == 0x3ca4);  // 0.02 -> 0.0200195..., not zero
+  CHECK(bfloat16::from_bits(0x3ca4).bits == 0x3ca4);
+  CHECK(to_float(float16::from_bits(0x3c00)) == 1.0f);
+  std::vector<bfloat16> zeros(4);  // value-initialised: zero bits, as before
+  for (bfloat16 z : zeros) CHECK(z.bits == 0);
 }

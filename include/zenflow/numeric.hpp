@@ -5,17 +5,47 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "detail/macros.hpp"
 
 namespace zenflow {
 
 // Storage-only 16-bit formats. Layout-compatible with __nv_bfloat16 / __half, so a user's
-// device buffers can be passed with a reinterpret_cast.
-struct bfloat16 { std::uint16_t bits; };
-struct float16 { std::uint16_t bits; };
+// device buffers can be passed with a reinterpret_cast. Made from a float they round to nearest
+// even (bfloat16(0.02f)); from raw bits only through from_bits(). Anything else does not
+// compile: a double would round twice, and an integer or braces used to be read as raw bits
+// (bfloat16{0.02f} and bfloat16(0.02f) were the bits 0, i.e. zero).
+struct bfloat16 {
+  std::uint16_t bits;
+  bfloat16() = default;  // trivial, like float (std::vector<bfloat16>(n) is zeros)
+  ZF_HD explicit bfloat16(float x) noexcept;
+  template <class T>
+    requires(!std::is_same_v<std::remove_cvref_t<T>, bfloat16>)
+  bfloat16(T) = delete;
+  ZF_HD static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
+    bfloat16 h{};
+    h.bits = b;
+    return h;
+  }
+};
+struct float16 {
+  std::uint16_t bits;
+  float16() = default;
+  ZF_HD explicit float16(float x) noexcept;
+  template <class T>
+    requires(!std::is_same_v<std::remove_cvref_t<T>, float16>)
+  float16(T) = delete;
+  ZF_HD static constexpr float16 from_bits(std::uint16_t b) noexcept {
+    float16 h{};
+    h.bits = b;
+    return h;
+  }
+};
 static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2);
 static_assert(sizeof(float16) == 2 && alignof(float16) == 2);
+static_assert(std::is_trivially_copyable_v<bfloat16> && std::is_trivially_default_constructible_v<bfloat16>);
+static_assert(std::is_trivially_copyable_v<float16> && std::is_trivially_default_constructible_v<float16>);
 
 enum class dtype : std::uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
@@ -106,8 +136,8 @@ ZF_HD ZF_FORCEINLINE float to_float(bfloat16 h) noexcept {
 }
 ZF_HD ZF_FORCEINLINE bfloat16 to_bfloat16(float x) noexcept {
   const std::uint32_t u = detail::bits_of(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {std::uint16_t((u >> 16) | 0x40u)};
-  return {std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16::from_bits(std::uint16_t((u >> 16) | 0x40u));
+  return bfloat16::from_bits(std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
 }
 
 // float16 <-> float, same rounding rules. NaN: sign | 0x7e00 | top 9 payload bits, as the F16C
@@ -143,8 +173,11 @@ ZF_HD ZF_FORCEINLINE float16 to_float16(float x) noexcept {
 #endif
     h = detail::bits_of(f) - 0x3f000000u;
   }
-  return {std::uint16_t(sign | h)};
+  return float16::from_bits(std::uint16_t(sign | h));
 }
+
+ZF_HD inline bfloat16::bfloat16(float x) noexcept : bits(to_bfloat16(x).bits) {}
+ZF_HD inline float16::float16(float x) noexcept : bits(to_float16(x).bits) {}
 
 template <class To> ZF_HD ZF_FORCEINLINE To from_float(float x) noexcept;
 template <> ZF_HD ZF_FORCEINLINE float from_float<float>(float x) noexcept { return x; }

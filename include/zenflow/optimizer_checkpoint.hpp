@@ -157,6 +157,15 @@ struct optimizer_checkpoint {
     if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != o.matrices_.size()) || c[0] + c[2] != c[1] ||
         c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
       bad("counters section is inconsistent");
+    // states the schedule can reach: without overlap_step no second accumulator and no host
+    // update pending across a step; an open window always shorter than a fixed update_interval
+    if (!o.cfg_.overlap_step && acc != 0)
+      bad("counters section selects the second accumulator, which only overlap_step uses");
+    if (!o.cfg_.overlap_step && pend != 0)
+      bad("counters section has a host update pending, which only overlap_step leaves");
+    if (!o.cfg_.update_interval.automatic && c[6] >= o.cfg_.update_interval.steps)
+      bad("counters section has an open window of " + std::to_string(c[6]) + " steps; update_interval is " +
+          std::to_string(o.cfg_.update_interval.steps));
     std::vector<double> aa(na), ab(na);
     for (std::size_t i = 0; i < na; ++i) {
       aa[i] = rn.get<double>();
