@@ -406,7 +406,7 @@ TEST_CASE("cuda: a stream query answering NotReady does not fail the next step" 
 // New device memory reads as zero from a non-blocking stream at once: the zeroing is complete
 // when the array exists (it used to run on the default stream, unordered with such a stream).
 // The old memory is filled first and freed, so a reallocation that reuses it and races its zeroing
-// would show the fill; a race is timing-dependent, so this catches a regression often, not always.
+// would show the fill; a race is timing-dependent, so this can catch a regression, not always.
 TEST_CASE("cuda: new device arrays are zero on any stream" * doctest::skip(!has_gpu())) {
   const std::size_t n = std::size_t(64) << 20;  // 256 MB of floats: the zeroing takes ~0.1 ms
   cudaStream_t stream;

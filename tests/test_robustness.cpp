@@ -155,6 +155,53 @@ TEST_CASE("a step that fails midway refuses further steps and saves until a chec
   std::remove(good.c_str());
 }
 
+namespace {
+// A Scheduler whose background host update fails: the failure surfaces in a later step, at the
+// boundary that waits for it.
+struct failing_async : bounded_async {
+  static inline bool fail = false;
+  template <class Job>
+  void launch(Job&& job) {
+    if (fail) bounded_async::launch([] { throw std::runtime_error("background host update failed"); });
+    else bounded_async::launch(std::forward<Job>(job));
+  }
+};
+}  // namespace
+
+TEST_CASE("a background job that failed makes the optimizer refuse further work until a load") {
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, failing_async> opt(
+      small_config(true));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  const std::string good = std::string(ZF_TEST_TMP_DIR) + "/background-good.zfck";
+  failing_async::fail = false;
+  gradients(dw, 0);
+  opt.step();  // t = 1
+  opt.save(good);
+  failing_async::fail = true;
+  gradients(dw, 1);
+  opt.step();  // t = 2: boundary: the failing update runs in the background; step() returns
+  failing_async::fail = false;
+  bool surfaced = false;
+  for (int s = 2; s < 6 && !surfaced; ++s) {  // the next boundary (t = 4) waits for it at the latest
+    gradients(dw, s);
+    try {
+      opt.step();
+    } catch (const std::runtime_error& e) {
+      surfaced = std::string(e.what()) == "background host update failed";
+    }
+  }
+  CHECK(surfaced);
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("failed midway (background host update failed)"),
+                       std::logic_error);
+  CHECK_THROWS_AS(opt.save(good + ".after"), std::logic_error);
+  opt.load(good);
+  gradients(dw, 1);
+  CHECK_NOTHROW(opt.step());
+  std::remove(good.c_str());
+}
+
 TEST_CASE("impossible vector sizes are refused at registration") {
   std::vector<float> b(16), gb(16);
   optimizer<> opt(config{});

@@ -105,7 +105,8 @@ class optimizer {
   // is left half-built: the optimizer stays uninitialised with its registrations.
   void initialize() {
     if (initialized_) fail("initialize() called twice");
-    enter();
+    // (no enter(): space_.initialize() checks the device and makes it current, with a clear
+    // error and a rollback when there is none)
     if (matrices_.empty() && vectors_.empty()) fail("initialize(): no parameters registered");
     try {
       build();
@@ -357,8 +358,8 @@ class optimizer {
   void check_registration(const std::string& who) const {
     if (initialized_) fail(who + ": cannot register after initialize()");
   }
-  // Every public entry point that touches the device first makes the space current on the
-  // calling thread (a CUDA space sets its device: a trainer may drive the optimizer from another
+  // Every public entry point that touches the device after initialize() first makes the space
+  // current on the calling thread (a CUDA space sets its device: a trainer may drive the optimizer from another
   // thread than the one that initialised it). Spaces without activate() need nothing.
   void enter() {
     if constexpr (requires(Space& s) { s.activate(); }) space_.activate();
