@@ -99,9 +99,10 @@ template <class Opt>
 double train(const char* name, Opt& opt, model m, const std::vector<data>& batches, const data& held_out,
              const options& o, tbb::task_arena& arena) {
   // The integration: register raw buffers once, then one step() after each backward pass.
-  opt.add_matrix({m.w1.data(), m.gw1.data(), hidden, in, dtype::bf16, dtype::bf16});
-  opt.add_matrix({m.w2.data(), m.gw2.data(), out, hidden, dtype::bf16, dtype::bf16});
-  opt.add_vector({m.b.data(), m.gb.data(), out, dtype::bf16, dtype::bf16});
+  using zenflow::rows, zenflow::cols;
+  opt.add_matrix(zenflow::matrix(m.w1.data(), m.gw1.data(), rows{hidden}, cols{in}).dtypes(dtype::bf16, dtype::bf16));
+  opt.add_matrix(zenflow::matrix(m.w2.data(), m.gw2.data(), rows{out}, cols{hidden}).dtypes(dtype::bf16, dtype::bf16));
+  opt.add_vector(zenflow::vector(m.b.data(), m.gb.data(), out).dtypes(dtype::bf16, dtype::bf16));
   opt.initialize();
   double loss = 0;
   for (int step = 1; step <= o.steps; ++step) {

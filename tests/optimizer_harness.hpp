@@ -201,11 +201,11 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
       std::vector<std::uint32_t> want;
       for (std::size_t c = 0; c < m.cols; ++c)
         if (x.selected[c]) want.push_back(std::uint32_t(c));
-      REQUIRE(opt.selected_columns(mi) == want);
-      const auto counts = opt.column_counts(mi);
+      REQUIRE(opt.selected_columns(matrix_id{mi}) == want);
+      const auto counts = opt.column_counts(matrix_id{mi});
       for (std::size_t c = 0; c < m.cols; ++c) REQUIRE(counts[c] == x.count[c]);
       std::vector<float> master(m.rows * m.cols);
-      opt.copy_master(mi, master.data());
+      opt.copy_master(matrix_id{mi}, master.data());
       for (std::size_t e = 0; e < master.size(); ++e) {
         CAPTURE(e);
         REQUIRE(std::fabs(master[e] - x.master[e]) <= master_tol(x.master[e]));
@@ -219,7 +219,7 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
     for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
       const auto& x = model.vecs[vi];
       std::vector<float> master(x.n);
-      opt.copy_vector_master(vi, master.data());
+      opt.copy_vector_master(vector_id{vi}, master.data());
       for (std::size_t i = 0; i < x.n; ++i) {
         REQUIRE(std::fabs(master[i] - x.master[i]) <= master_tol(x.master[i]));
         const float seen = load_as_float(tr.vp[vi], sc.vecs[vi].pt, i);

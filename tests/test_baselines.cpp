@@ -127,7 +127,7 @@ TEST_CASE("bytes moved follow the closed form; 1.125x model size per step at r =
   const std::uint64_t unselected = R * (C - k) * 2;
   optimizer_stats st = opt.stats();
   CHECK(st.selections == 3);  // t = W+1, W+1+2U, W+1+4U
-  CHECK(opt.selected_columns(0) == std::vector<std::uint32_t>{36, 37, 38, 39});
+  CHECK(opt.selected_columns(matrix_id{0}) == std::vector<std::uint32_t>{36, 37, 38, 39});
   CHECK(st.bytes_to_host == W * model + (N - W) * unselected);
   // overlap: the last window's update is still in flight, not yet uploaded; a selection drains
   const std::uint64_t applied = windows - 1;
@@ -162,7 +162,7 @@ TEST_CASE("bytes moved: a reselection that replaces every column swaps 12*rows+4
   const optimizer_stats before = opt.stats();
   grads(true);
   opt.step();  // t = 3: selects {0, 1}: both columns leave, two others join
-  CHECK(opt.selected_columns(0) == std::vector<std::uint32_t>{0, 1});
+  CHECK(opt.selected_columns(matrix_id{0}) == std::vector<std::uint32_t>{0, 1});
   const optimizer_stats after = opt.stats();
   const std::uint64_t swap = 12 * R + 4, unselected_grads = R * (C - k) * 4;
   CHECK(after.bytes_to_host - before.bytes_to_host == k * swap + unselected_grads);

@@ -57,18 +57,18 @@ snapshot take(Opt& opt, const trainer& tr, const scenario& sc) {
   for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
     const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
     std::vector<float> a(n), b(n), c(n);
-    opt.copy_master(mi, a.data());
-    opt.copy_exp_avg(mi, b.data());
-    opt.copy_exp_avg_sq(mi, c.data());
+    opt.copy_master(matrix_id{mi}, a.data());
+    opt.copy_exp_avg(matrix_id{mi}, b.data());
+    opt.copy_exp_avg_sq(matrix_id{mi}, c.data());
     s.state.push_back(a);
     s.state.push_back(b);
     s.state.push_back(c);
-    s.counts.push_back(opt.column_counts(mi));
-    s.selected.push_back(opt.selected_columns(mi));
+    s.counts.push_back(opt.column_counts(matrix_id{mi}));
+    s.selected.push_back(opt.selected_columns(matrix_id{mi}));
   }
   for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
     std::vector<float> a(sc.vecs[vi].n);
-    opt.copy_vector_master(vi, a.data());
+    opt.copy_vector_master(vector_id{vi}, a.data());
     s.state.push_back(a);
   }
   const optimizer_stats st = opt.stats();
@@ -243,7 +243,7 @@ TEST_CASE("a storm of non-finite gradients changes nothing, and is counted") {
     for (int s = 7; s < 15; ++s) good(s);
     opt.synchronize();
     std::vector<float> master(R * C);
-    opt.copy_master(0, master.data());
+    opt.copy_master(matrix_id{0}, master.data());
     return std::make_tuple(w, b, master, opt.stats());
   };
   const auto [w0, b0, m0, s0] = run(0);
@@ -276,7 +276,7 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   b.initialize();
   b.load(path);
   CHECK(w2 == w);
-  CHECK(b.column_counts(0) == a.column_counts(0));
+  CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
   // a file whose checksums are right but whose Adam counts exceed the applied steps
   std::vector<unsigned char> img;
   {
@@ -300,7 +300,7 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   std::memcpy(img.data() + payload + len, &crc, 4);
   CHECK_THROWS_WITH_AS(b.load_image(img.data(), img.size()),
                        doctest::Contains("an Adam count exceeds the applied steps"), checkpoint_error);
-  CHECK(b.column_counts(0) == a.column_counts(0));
+  CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
   std::remove(path.c_str());
 }
 

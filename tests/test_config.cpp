@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -81,11 +82,11 @@ TEST_CASE("registration errors are clear and leave the optimizer usable") {
   expect([&] { opt.add_vector({b.data(), gb.data(), 0}); }, "zenflow: vector 0: n must be > 0");
   expect([&] { opt.step(); }, "zenflow: step() before initialize()");
   expect([&] { opt.initialize(); }, "zenflow: initialize(): no parameters registered");
-  CHECK(opt.add_matrix({a.data(), ga.data(), 8, 8}) == 0);
+  CHECK(opt.add_matrix({a.data(), ga.data(), 8, 8}) == matrix_id{0});
   // a second registration over the same memory, or over the first one's gradient
   expect([&] { opt.add_vector({a.data() + 4, gb.data(), 4}); }, "zenflow: vector 0 param overlaps matrix 0 param");
   expect([&] { opt.add_vector({b.data(), ga.data(), 4}); }, "zenflow: vector 0 grad overlaps matrix 0 grad");
-  CHECK(opt.add_vector({b.data(), gb.data(), 16}) == 0);
+  CHECK(opt.add_vector({b.data(), gb.data(), 16}) == vector_id{0});
   opt.initialize();
   expect([&] { opt.initialize(); }, "zenflow: initialize() called twice");
   expect([&] { opt.add_vector({b.data(), gb.data(), 16}); }, "zenflow: vector 1: cannot register after initialize()");
@@ -97,6 +98,66 @@ TEST_CASE("registration errors are clear and leave the optimizer usable") {
   CHECK(opt.lr() == config{}.adam.lr);
   opt.step();
   CHECK(opt.stats().steps == 1);
+}
+
+// Named registration: zenflow::matrix takes rows and cols as distinct types, and the ids that
+// add_matrix / add_vector return are distinct types, so the mix-ups below do not compile.
+template <class Opt, class Id>
+concept copies_master_of = requires(Opt& o, Id id, float* out) { o.copy_master(id, out); };
+template <class Opt, class Id>
+concept copies_vector_master_of = requires(Opt& o, Id id, float* out) { o.copy_vector_master(id, out); };
+template <class R, class C>
+concept builds_matrix = requires(R r, C c) { zenflow::matrix(nullptr, nullptr, r, c); };
+
+static_assert(builds_matrix<zenflow::rows, zenflow::cols>);
+static_assert(!builds_matrix<zenflow::cols, zenflow::rows>);  // swapped extents
+static_assert(!builds_matrix<std::size_t, std::size_t>);      // bare numbers
+static_assert(copies_master_of<optimizer<>, matrix_id>);
+static_assert(!copies_master_of<optimizer<>, vector_id>);
+static_assert(!copies_master_of<optimizer<>, std::size_t>);
+static_assert(copies_vector_master_of<optimizer<>, vector_id>);
+static_assert(!copies_vector_master_of<optimizer<>, matrix_id>);
+static_assert(!std::is_convertible_v<std::size_t, matrix_id>);
+
+TEST_CASE("named registration fills the same fields and returns typed ids") {
+  std::vector<float> w(6 * 10), dw(6 * 10), b(6), db(6);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.25f * float(i) - 3.0f;
+  const matrix_param m = zenflow::matrix(w.data(), dw.data(), zenflow::rows{6}, zenflow::cols{10})
+                             .row_major()
+                             .dtypes(dtype::bf16, dtype::f16);
+  CHECK(m.param == w.data());
+  CHECK(m.grad == dw.data());
+  CHECK(m.rows == 6);
+  CHECK(m.cols == 10);
+  CHECK(m.layout == matrix_layout::row_major);
+  CHECK(m.param_type == dtype::bf16);
+  CHECK(m.grad_type == dtype::f16);
+  // the defaults: fp32, column-contiguous; each option changes only its own fields
+  const matrix_param d = zenflow::matrix(w.data(), dw.data(), zenflow::rows{6}, zenflow::cols{10});
+  CHECK(d.layout == matrix_layout::column_contiguous);
+  CHECK(d.param_type == dtype::f32);
+  CHECK(d.grad_type == dtype::f32);
+  CHECK(m.column_contiguous().layout == matrix_layout::column_contiguous);
+  CHECK(m.column_contiguous().param_type == dtype::bf16);
+  const vector_param v = zenflow::vector(b.data(), db.data(), 6).dtypes(dtype::f32, dtype::bf16);
+  CHECK(v.param == b.data());
+  CHECK(v.grad == db.data());
+  CHECK(v.n == 6);
+  CHECK(v.param_type == dtype::f32);
+  CHECK(v.grad_type == dtype::bf16);
+
+  optimizer<> opt(config{});
+  const matrix_id a = opt.add_matrix(d);
+  const vector_id c = opt.add_vector(zenflow::vector(b.data(), db.data(), 6));
+  CHECK(a.index() == 0);
+  CHECK(c.index() == 0);  // numbered separately
+  opt.initialize();
+  std::vector<float> out(60);
+  opt.copy_master(a, out.data());
+  CHECK(out == w);  // the masters are the registered params before any step
+  CHECK_THROWS_WITH_AS(opt.copy_master(matrix_id{1}, out.data()), "zenflow: no matrix 1", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.copy_vector_master(vector_id{1}, out.data()), "zenflow: no vector 1",
+                       std::invalid_argument);
 }
 
 TEST_CASE("a failed initialize leaves nothing half-built") {

@@ -334,14 +334,14 @@ TEST_CASE("cuda: cuda_space and host_space give bit-identical runs" * doctest::s
       REQUIRE(a.boundary == b.boundary);
       for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
         const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
-        REQUIRE(ho.selected_columns(mi) == co.selected_columns(mi));
-        REQUIRE(ho.column_counts(mi) == co.column_counts(mi));
+        REQUIRE(ho.selected_columns(matrix_id{mi}) == co.selected_columns(matrix_id{mi}));
+        REQUIRE(ho.column_counts(matrix_id{mi}) == co.column_counts(matrix_id{mi}));
         std::vector<float> x(n), y(n);
-        ho.copy_master(mi, x.data());
-        co.copy_master(mi, y.data());
+        ho.copy_master(matrix_id{mi}, x.data());
+        co.copy_master(matrix_id{mi}, y.data());
         REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
-        ho.copy_exp_avg_sq(mi, x.data());
-        co.copy_exp_avg_sq(mi, y.data());
+        ho.copy_exp_avg_sq(matrix_id{mi}, x.data());
+        co.copy_exp_avg_sq(matrix_id{mi}, y.data());
         REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
         REQUIRE(th.mp[mi] == tc.mp[mi]);
       }
@@ -499,10 +499,10 @@ TEST_CASE("cuda: checkpoints move between spaces" * doctest::skip(!has_gpu())) {
     for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
       const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
       std::vector<float> x(n), y(n);
-      ho.copy_master(mi, x.data());
-      co.copy_master(mi, y.data());
+      ho.copy_master(matrix_id{mi}, x.data());
+      co.copy_master(matrix_id{mi}, y.data());
       REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
-      REQUIRE(ho.column_counts(mi) == co.column_counts(mi));
+      REQUIRE(ho.column_counts(matrix_id{mi}) == co.column_counts(matrix_id{mi}));
       REQUIRE(th.mp[mi] == tc.mp[mi]);
     }
   }

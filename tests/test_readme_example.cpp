@@ -8,18 +8,22 @@
 // example-begin
 #include <zenflow/zenflow.hpp>
 
-struct layer {  // the trainer's own buffers; w and dw are [in][out]: a column is an input feature
+struct layer {  // the trainer's own buffers; w and dw are [out][in], as in PyTorch and llm.c
   std::vector<zenflow::bfloat16> w, dw, b, db;
   std::size_t in, out;
 };
 
 void train(std::vector<layer>& layers, int steps, void (*forward_backward)(std::vector<layer>&)) {
+  using zenflow::dtype;
   zenflow::config cfg;  // topk_ratio 0.1, update_interval 4, overlap on
   cfg.adam.lr = 1e-4f;
   zenflow::optimizer<> opt(cfg);  // the host space: the "device" runs on host threads
   for (layer& l : layers) {
-    opt.add_matrix({l.w.data(), l.dw.data(), l.out, l.in, zenflow::dtype::bf16, zenflow::dtype::bf16});
-    opt.add_vector({l.b.data(), l.db.data(), l.out, zenflow::dtype::bf16, zenflow::dtype::bf16});
+    // rows = output features, cols = input features: a column (what ZenFlow selects) is an input
+    opt.add_matrix(zenflow::matrix(l.w.data(), l.dw.data(), zenflow::rows{l.out}, zenflow::cols{l.in})
+                       .row_major()
+                       .dtypes(dtype::bf16, dtype::bf16));
+    opt.add_vector(zenflow::vector(l.b.data(), l.db.data(), l.out).dtypes(dtype::bf16, dtype::bf16));
   }
   opt.initialize();  // fp32 masters and Adam moments: selected columns on the device, the rest on the host
   for (int s = 0; s < steps; ++s) {

@@ -54,7 +54,7 @@ std::pair<std::vector<float>, std::vector<float>> run(bool overlap, int steps, B
   }
   opt.synchronize();
   std::vector<float> master(R * C);
-  opt.copy_master(0, master.data());
+  opt.copy_master(matrix_id{0}, master.data());
   CHECK(opt.stats().steps == opt.applied_steps() + opt.stats().skipped_steps);
   return {w, master};
 }
@@ -208,7 +208,7 @@ TEST_CASE("impossible vector sizes are refused at registration") {
   CHECK_THROWS_WITH_AS(opt.add_vector({b.data(), gb.data(), std::size_t(1) << 62}),
                        doctest::Contains("vector 0: n = 4611686018427387904 elements cannot be held"),
                        std::invalid_argument);
-  CHECK(opt.add_vector({b.data(), gb.data(), 16}) == 0);  // still usable
+  CHECK(opt.add_vector({b.data(), gb.data(), 16}) == vector_id{0});  // still usable
 }
 
 TEST_CASE("concurrent saves to one path all succeed and leave a loadable checkpoint") {

@@ -118,7 +118,7 @@ TEST_CASE("bounded_async: steps proceed while the host update runs; waiting for 
   REQUIRE(opt.step().boundary);    // t = 2: the host update is launched, and held at the gate
   // equal scores: ties go to the lower index, so columns 0..5 are selected and the last column
   // is changed by host updates only
-  REQUIRE(opt.selected_columns(0) == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5});
+  REQUIRE(opt.selected_columns(matrix_id{0}) == std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5});
   const std::size_t last = (C - 1) * R;
   const float before = w[last];
   opt.step();                      // t = 3: returns although the update cannot have run

@@ -128,10 +128,11 @@ run_result train_with(const std::string& name, Optimizer& opt, const corpus& c, 
   shape sh{c.alphabet.size(), o.context, o.embed, o.hidden};
   model m(sh, o.seed);  // the same initialisation for every optimizer
   // ---- the zenflow integration: register the raw buffers, then step() after each backward ----
-  opt.add_matrix({m.emb.data(), m.demb.data(), sh.embed, sh.vocab});  // a column per character
+  using zenflow::rows, zenflow::cols;
+  opt.add_matrix(zenflow::matrix(m.emb.data(), m.demb.data(), rows{sh.embed}, cols{sh.vocab}));  // a column per character
   for (layer* l : {&m.l1, &m.l2, &m.l3}) {
-    opt.add_matrix({l->w.data(), l->dw.data(), l->out, l->in});  // [in][out]: a column per input
-    opt.add_vector({l->b.data(), l->db.data(), l->out});
+    opt.add_matrix(zenflow::matrix(l->w.data(), l->dw.data(), rows{l->out}, cols{l->in}));  // [in][out]: a column per input
+    opt.add_vector(zenflow::vector(l->b.data(), l->db.data(), l->out));
   }
   opt.initialize();
   // -----------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 // Zen-auto rule — and only orders calls on its policies, which own all state.
 //
 //   zenflow::optimizer<> opt(cfg);              // host space, the paper's system
-//   opt.add_matrix({w, dw, rows, cols, dtype::bf16, dtype::bf16, matrix_layout::row_major});
-//   opt.add_vector({b, db, n, dtype::bf16, dtype::bf16});
+//   const zenflow::matrix_id wq =
+//       opt.add_matrix(zenflow::matrix(w, dw, zenflow::rows{out}, zenflow::cols{in}).row_major().dtypes(bf16, bf16));
+//   opt.add_vector(zenflow::vector(b, db, n).dtypes(bf16, bf16));
 //   opt.initialize();
 //   for (...) { /* forward, backward into dw, db */ opt.step(loss_scale); }
 #pragma once
@@ -26,6 +27,7 @@
 #include "config.hpp"
 #include "detail/format.hpp"
 #include "detail/registration.hpp"
+#include "detail/swap_plan.hpp"
 #include "device_update/fused_adamw.hpp"
 #include "host/accumulator.hpp"
 #include "params.hpp"
@@ -86,19 +88,21 @@ class optimizer {
   }
 
   // ---- registration (before initialize) -------------------------------------------------
-  std::size_t add_matrix(const matrix_param& p) {
+  // Each returns the tensor's id, numbered from 0 in registration order (matrices and vectors
+  // separately); the inspection calls below take it.
+  matrix_id add_matrix(const matrix_param& p) {
     const std::string who = "matrix " + std::to_string(matrices_.size());
     check_registration(who);
     buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_matrix_elements(who, p));
     matrices_.push_back(p);
-    return matrices_.size() - 1;
+    return matrix_id{matrices_.size() - 1};
   }
-  std::size_t add_vector(const vector_param& p) {
+  vector_id add_vector(const vector_param& p) {
     const std::string who = "vector " + std::to_string(vectors_.size());
     check_registration(who);
     buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_vector_elements(who, p));
     vectors_.push_back(p);
-    return vectors_.size() - 1;
+    return vector_id{vectors_.size() - 1};
   }
 
   // Allocates all state and takes the fp32 masters from the current params. On failure nothing
@@ -200,19 +204,20 @@ class optimizer {
 
   // ---- inspection (waits for a host update in flight; changes nothing) ---------------------
   // The fp32 master of a matrix, column after column ([cols][rows]).
-  void copy_master(std::size_t matrix, float* out) {
-    column_state(matrix, out, [](auto& st, int b) { return st.master[b].data(); },
+  void copy_master(matrix_id matrix, float* out) {
+    column_state(matrix.index(), out, [](auto& st, int b) { return st.master[b].data(); },
                  [](auto& hs) { return hs.master.data(); });
   }
-  void copy_exp_avg(std::size_t matrix, float* out) {
-    column_state(matrix, out, [](auto& st, int b) { return st.exp_avg[b].data(); },
+  void copy_exp_avg(matrix_id matrix, float* out) {
+    column_state(matrix.index(), out, [](auto& st, int b) { return st.exp_avg[b].data(); },
                  [](auto& hs) { return hs.exp_avg.data(); });
   }
-  void copy_exp_avg_sq(std::size_t matrix, float* out) {
-    column_state(matrix, out, [](auto& st, int b) { return st.exp_avg_sq[b].data(); },
+  void copy_exp_avg_sq(matrix_id matrix, float* out) {
+    column_state(matrix.index(), out, [](auto& st, int b) { return st.exp_avg_sq[b].data(); },
                  [](auto& hs) { return hs.exp_avg_sq.data(); });
   }
-  std::vector<std::uint32_t> column_counts(std::size_t matrix) {
+  std::vector<std::uint32_t> column_counts(matrix_id id) {
+    const std::size_t matrix = id.index();
     check_matrix(matrix);
     quiesce();
     const auto& hs = host_.matrix(matrix);
@@ -222,11 +227,12 @@ class optimizer {
     for (std::size_t s = 0; s < d.active; ++s) out[selected_[matrix][s]] = dev[s];
     return out;
   }
-  std::vector<std::uint32_t> selected_columns(std::size_t matrix) const {
-    check_matrix(matrix);
-    return selected_[matrix];
+  std::vector<std::uint32_t> selected_columns(matrix_id matrix) const {
+    check_matrix(matrix.index());
+    return selected_[matrix.index()];
   }
-  void copy_vector_master(std::size_t vec, float* out) {
+  void copy_vector_master(vector_id id, float* out) {
+    const std::size_t vec = id.index();
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
     const auto& v = updater_.vector(vec);
     space_.download(out, v.master.data(), 4 * v.p.n);
@@ -656,25 +662,9 @@ class optimizer {
     const std::size_t rows = matrices_[i].rows;
     const int cur = d.cur, nxt = cur ^ 1;
     const std::vector<std::uint32_t>& old = selected_[i];
-    // plan: leave_slot/leave_col, stay_src/stay_dst, join_slot/join_col
-    std::vector<std::uint32_t> slots, leave_col, join_col;
-    std::vector<std::uint32_t> leave_slot, stay_src, stay_dst, join_slot;
-    for (std::size_t s = 0, j = 0; s < old.size(); ++s) {
-      while (j < next.size() && next[j] < old[s]) ++j;
-      if (j < next.size() && next[j] == old[s]) continue;
-      leave_slot.push_back(std::uint32_t(s));
-      leave_col.push_back(old[s]);
-    }
-    for (std::size_t s = 0, j = 0; s < next.size(); ++s) {
-      while (j < old.size() && old[j] < next[s]) ++j;
-      if (j < old.size() && old[j] == next[s]) {
-        stay_src.push_back(std::uint32_t(j));
-        stay_dst.push_back(std::uint32_t(s));
-      } else {
-        join_slot.push_back(std::uint32_t(s));
-        join_col.push_back(next[s]);
-      }
-    }
+    const detail::swap_plan plan = detail::plan_swap(old, next);
+    const auto& [leave_slot, leave_col, stay_src, stay_dst, join_slot, join_col] = plan;
+    std::vector<std::uint32_t> slots;
     const std::size_t nl = leave_slot.size(), ns = stay_src.size(), nj = join_slot.size();
     for (const auto* v : {&leave_slot, &stay_src, &stay_dst, &join_slot}) slots.insert(slots.end(), v->begin(), v->end());
     if (!slots.empty()) space_.upload(slots_dev_.data(), slots.data(), 4 * slots.size());

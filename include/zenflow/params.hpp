@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <compare>
 #include <cstdint>
 
 #include "detail/macros.hpp"
@@ -22,6 +23,20 @@ ZF_HD constexpr std::size_t element_offset(matrix_layout l, std::size_t rows, st
   return l == matrix_layout::column_contiguous ? c * rows + i : i * cols + c;
 }
 
+// A matrix's two extents as distinct types, so that zenflow::matrix() cannot take them swapped:
+// rows are output features, cols input features — a column is what ZenFlow selects. A PyTorch or
+// llm.c weight stored [out][in] has rows = out, cols = in, and is row_major.
+struct rows {
+  constexpr explicit rows(std::size_t count) noexcept : n(count) {}
+  std::size_t n;
+};
+struct cols {
+  constexpr explicit cols(std::size_t count) noexcept : n(count) {}
+  std::size_t n;
+};
+
+// A matrix parameter. Build it with zenflow::matrix() (named extents, chained options) or with
+// designated initializers; the plain fields stay public for both.
 struct matrix_param {
   void* param = nullptr;        // device buffer, rows*cols elements of param_type
   const void* grad = nullptr;   // device buffer, rows*cols elements of grad_type
@@ -29,7 +44,33 @@ struct matrix_param {
   dtype param_type = dtype::f32;
   dtype grad_type = dtype::f32;
   matrix_layout layout = matrix_layout::column_contiguous;
+
+  // Chained options: zenflow::matrix(w, dw, rows{4096}, cols{11008}).row_major().dtypes(bf16, bf16)
+  constexpr matrix_param with_layout(matrix_layout l) const noexcept {
+    matrix_param m = *this;
+    m.layout = l;
+    return m;
+  }
+  constexpr matrix_param row_major() const noexcept { return with_layout(matrix_layout::row_major); }
+  constexpr matrix_param column_contiguous() const noexcept { return with_layout(matrix_layout::column_contiguous); }
+  constexpr matrix_param dtypes(dtype param, dtype grad) const noexcept {
+    matrix_param m = *this;
+    m.param_type = param;
+    m.grad_type = grad;
+    return m;
+  }
 };
+
+// A matrix of r x c elements at param (its gradient at grad), fp32, column-contiguous unless a
+// chained option says otherwise.
+constexpr matrix_param matrix(void* param, const void* grad, rows r, cols c) noexcept {
+  matrix_param m;
+  m.param = param;
+  m.grad = grad;
+  m.rows = r.n;
+  m.cols = c.n;
+  return m;
+}
 
 struct vector_param {
   void* param = nullptr;
@@ -37,6 +78,39 @@ struct vector_param {
   std::size_t n = 0;
   dtype param_type = dtype::f32;
   dtype grad_type = dtype::f32;
+
+  constexpr vector_param dtypes(dtype param, dtype grad) const noexcept {
+    vector_param v = *this;
+    v.param_type = param;
+    v.grad_type = grad;
+    return v;
+  }
 };
+
+// A vector (bias, norm weight) of n elements, fp32 unless .dtypes() says otherwise.
+constexpr vector_param vector(void* param, const void* grad, std::size_t n) noexcept {
+  vector_param v;
+  v.param = param;
+  v.grad = grad;
+  v.n = n;
+  return v;
+}
+
+// What add_matrix / add_vector return and what the inspection calls take. Matrices and vectors
+// are numbered separately (matrix 0 and vector 0 are different tensors), so each index has its
+// own type and one cannot be passed for the other. Explicit from an integer: matrix_id{3}.
+template <class Tag>
+class tensor_id {
+ public:
+  constexpr explicit tensor_id(std::size_t index) noexcept : i_(index) {}
+  constexpr std::size_t index() const noexcept { return i_; }
+  friend constexpr bool operator==(tensor_id, tensor_id) noexcept = default;
+  friend constexpr auto operator<=>(tensor_id, tensor_id) noexcept = default;
+
+ private:
+  std::size_t i_;
+};
+using matrix_id = tensor_id<struct matrix_tag>;
+using vector_id = tensor_id<struct vector_tag>;
 
 }  // namespace zenflow
