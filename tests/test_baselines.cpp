@@ -84,6 +84,7 @@ TEST_CASE("zero_offload, device_adam and zenflow with topk_ratio 1 are the same 
     CHECK(a.stats.bytes_to_device == applied * param_bytes);
     CHECK(a.stats.host_updates == applied);
     CHECK(b.stats.bytes_to_host == 0);
+    CHECK(b.stats.host_updates == 0);  // device AdamW: no host pass updates a column
   }
 }
 

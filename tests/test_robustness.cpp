@@ -102,6 +102,50 @@ TEST_CASE("a finite gradient that overflows once unscaled skips the step and cha
   for (float x : w) CHECK(std::isfinite(x));
 }
 
+TEST_CASE("a gradient whose square would overflow fp32 is skipped: no column's v becomes infinite") {
+  // Without the bound, one element of 1e20 (finite, and finite times the factor) makes g^2 = inf,
+  // so v = inf and m / sqrt(v) = 0 for that column forever: it would silently stop training.
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto ref = run(overlap, 8, [](optimizer<>&, std::vector<float>&) {});
+    const auto got = run(overlap, 8, [](optimizer<>& opt, std::vector<float>& dw) {
+      dw[5 * R + 3] = 2e20f;  // unscaled by grad_scale 2: 1e20 > 2^63 ~ 9.2e18
+      const auto before = opt.stats();
+      CHECK(opt.step(2.0f).skipped);
+      CHECK(opt.stats().skipped_steps == before.skipped_steps + 1);
+    });
+    CHECK(ref == got);  // the same bits as a run that never saw it
+  }
+  // Just below the bound it is applied, and every second moment stays finite: the column keeps
+  // training (its next steps move it).
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    std::vector<float> w(R * C, 0.25f), dw(R * C, 0.0f);
+    optimizer<> opt(small_config(overlap));
+    opt.add_matrix({w.data(), dw.data(), R, C});
+    opt.initialize();
+    const std::size_t col = 5;
+    dw[col * R + 3] = 9.0e18f;  // ||g|| = 9e18 <= 2^63
+    CHECK_FALSE(opt.step().skipped);
+    for (int s = 0; s < 6; ++s) {
+      gradients(dw, s);
+      CHECK_FALSE(opt.step().skipped);
+    }
+    opt.synchronize();
+    std::vector<float> v(R * C), m1(R * C), m2(R * C);
+    opt.copy_exp_avg_sq(matrix_id{0}, v.data());
+    for (float x : v) CHECK(std::isfinite(x));
+    opt.copy_master(matrix_id{0}, m1.data());
+    for (int s = 0; s < 4; ++s) {
+      gradients(dw, s + 50);
+      opt.step();
+    }
+    opt.synchronize();
+    opt.copy_master(matrix_id{0}, m2.data());
+    CHECK(m1[col * R + 3] != m2[col * R + 3]);  // not frozen
+  }
+}
+
 namespace {
 // A Scheduler whose host update fails: a step that reaches a boundary throws midway.
 struct failing_update : synchronous {

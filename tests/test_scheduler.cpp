@@ -150,6 +150,7 @@ TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buff
   cfg.select_interval = interval::every(64);
   // reference: everything inline, on the same gradient sequence
   std::vector<float> w_ref(R * C, 0.5f), dw_ref(R * C);
+  std::vector<optimizer_stats> ref_stats;  // after each step
   {
     zf_with<synchronous> ref(cfg);
     ref.add_matrix({w_ref.data(), dw_ref.data(), R, C});
@@ -157,6 +158,7 @@ TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buff
     for (int t = 1; t <= 4; ++t) {
       grads(t, dw_ref);
       ref.step();
+      ref_stats.push_back(ref.stats());
     }
     ref.synchronize();
   }
@@ -168,6 +170,11 @@ TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buff
   grads(1, dw);
   opt.step();                     // t = 1: its offload is launched and held at the gate
   CHECK(opt.scheduler().busy());  // step() returned without the transfer
+  // stats() is a snapshot of every step returned so far: the held transfer's bytes count already,
+  // as in the inline run, and host updates count when they start
+  CHECK(opt.stats().bytes_to_host == ref_stats[0].bytes_to_host);
+  CHECK(opt.stats().bytes_to_device == ref_stats[0].bytes_to_device);
+  CHECK(opt.stats().host_updates == ref_stats[0].host_updates);
   grads(2, dw);                   // the trainer's next backward overwrites the grads
   std::thread opener([] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -179,6 +186,7 @@ TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buff
   for (int t = 3; t <= 4; ++t) {
     grads(t, dw);
     opt.step();
+    CHECK(opt.stats().bytes_to_host == ref_stats[std::size_t(t - 1)].bytes_to_host);
   }
   opt.synchronize();
   CHECK(w == w_ref);  // bit for bit what the inline run computed from the same gradients

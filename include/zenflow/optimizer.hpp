@@ -42,9 +42,9 @@ namespace zenflow {
 
 struct optimizer_stats {
   std::uint64_t steps = 0;          // calls of step()
-  std::uint64_t skipped_steps = 0;  // of which skipped: a non-finite gradient, or one overflowing fp32 once unscaled
+  std::uint64_t skipped_steps = 0;  // of which skipped: a non-finite gradient, or one whose norm exceeds 2^63 once unscaled
   std::uint64_t selections = 0;
-  std::uint64_t host_updates = 0;   // host AdamW passes over the unselected columns (warm-up included)
+  std::uint64_t host_updates = 0;   // host AdamW passes that update a column (warm-up included), counted at their start
   std::uint64_t bytes_to_host = 0;  // device -> host, applied steps only
   std::uint64_t bytes_to_device = 0;
   double stall_seconds = 0;         // time step() waited for host work
@@ -189,7 +189,8 @@ class optimizer {
     s.skipped_steps = skipped_;
     s.selections = selections_;
     s.host_updates = host_updates_;
-    s.bytes_to_host = transport_.bytes_to_host() - base_to_host_;
+    // every step returned so far, the offload still on its way included
+    s.bytes_to_host = std::max(transport_.bytes_to_host(), owed_to_host_) - base_to_host_;
     s.bytes_to_device = transport_.bytes_to_device() - base_to_device_;
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
@@ -286,9 +287,16 @@ class optimizer {
 
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
 
+  // The largest ||g|| (unscaled, clipped) a step applies: every |g_i| <= ||g|| <= 2^63, so g_i^2 <=
+  // 2^126 stays finite in fp32 (FLT_MAX is about 2^128), and so does Adam's second moment v, its
+  // window mean on the host included (a mean of values each <= 2^63). A larger gradient would make
+  // v infinite and freeze the column for the rest of the run (its update m / sqrt(v) is 0 from
+  // then on, what PyTorch's AdamW does); such a step is skipped instead, like a non-finite one.
+  static constexpr double max_applied_norm = 0x1p63;
+
   // step() once its arguments are checked: everything up to the gradient pass's verdict changes
-  // nothing; a step whose gradient is not finite, or would overflow fp32 once unscaled and
-  // clipped (|g| * factor <= ||g|| * factor < FLT_MAX guarantees it cannot), is skipped.
+  // nothing; a step whose gradient is not finite, or whose norm once unscaled and clipped exceeds
+  // max_applied_norm (which also keeps every element and its square finite), is skipped.
   step_info step_checked(float grad_scale) {
     const auto summary = updater_.gradient_pass(space_);
     const double inv = 1.0 / double(grad_scale);
@@ -299,7 +307,7 @@ class optimizer {
     }
     const float factor = float(inv * clip);
     ++steps_;
-    if (!summary.finite || !(std::sqrt(summary.sumsq) * double(factor) < double(std::numeric_limits<float>::max()))) {
+    if (!summary.finite || !(std::sqrt(summary.sumsq) * double(factor) <= max_applied_norm)) {
       ++skipped_;
       return {true, false, false, false, applied_};
     }
@@ -495,7 +503,7 @@ class optimizer {
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
     host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
-    ++host_updates_;
+    if (!matrices_.empty()) ++host_updates_;  // a pass that updated columns (DESIGN.md §4)
   }
 
   void offload(float factor) {
@@ -515,6 +523,7 @@ class optimizer {
       at += align_up(unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].grad_type));
     if (at > grad_compact_.size()) return offload(factor);  // only before a first selection
     at = 0;
+    std::uint64_t job_bytes = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
       const auto& un = unselected_[i];
@@ -522,8 +531,13 @@ class optimizer {
                              grad_compact_.data() + at);
       compact_offset_[i] = at;
       at += align_up(un.size() * p.rows * size_of(p.grad_type));
+      job_bytes += un.size() * p.rows * size_of(p.grad_type);
     }
     space_.record(compacted_);
+    // stats() counts this step's bytes now, not when the lane gets to them: the only device-to-
+    // host traffic while the job runs is the job's own (the lane was idle above; selections and
+    // saves wait for it first), so the transport's count will reach exactly this.
+    owed_to_host_ = transport_.bytes_to_host() + job_bytes;
     const int which = active_acc_;
     scheduler_.launch_offload([this, which, factor] {
       for (std::size_t i = 0; i < matrices_.size(); ++i) {
@@ -582,7 +596,8 @@ class optimizer {
     }
     scheduler_.launch(job);
     pending_ = true;
-    ++host_updates_;
+    if (std::any_of(unselected_.begin(), unselected_.end(), [](const auto& un) { return !un.empty(); }))
+      ++host_updates_;  // a pass that updates at least one column (DESIGN.md §4): device AdamW counts none
     if (!cfg_.overlap_step) drain();
     window_steps_ = 0;
     auto_a_.assign(matrices_.size(), 0.0);
@@ -751,6 +766,7 @@ class optimizer {
   std::uint64_t applied_ = 0, steps_ = 0, skipped_ = 0, selections_ = 0, host_updates_ = 0;
   std::uint64_t last_selection_ = 0, window_steps_ = 0;
   std::uint64_t base_to_host_ = 0, base_to_device_ = 0;
+  std::uint64_t owed_to_host_ = 0;  // the transport's to-host count once the offload in flight is done
   double base_stall_ = 0;
   std::atomic<std::uint64_t> host_ns_{0};
   std::vector<double> auto_a_, auto_b_;

@@ -267,6 +267,7 @@ struct optimizer_checkpoint {
     o.last_selection_ = c[5];
     o.window_steps_ = c[6];
     o.base_to_host_ = o.transport_.bytes_to_host() - c[7];  // o.stats() continues from the saved values
+    o.owed_to_host_ = 0;                                     // (the lane is idle: load quiesced it)
     o.base_to_device_ = o.transport_.bytes_to_device() - c[8];
     o.host_ns_ = c[9];
     o.base_stall_ = o.scheduler_.stall_seconds() - stall;

@@ -99,6 +99,10 @@ class zenflow_model {
     const std::uint64_t t = applied + 1;
     double coef = 1;
     if (cfg.max_grad_norm > 0) coef = std::min(1.0, cfg.max_grad_norm / (std::sqrt(sumsq) + 1e-6));
+    if (std::sqrt(sumsq) * coef > 0x1p63) {  // g^2 could overflow fp32 and freeze a column: skipped
+      ++skipped;
+      return false;
+    }
     auto g_of = [&](double raw) { return raw / grad_scale * coef; };
 
     if (t <= cfg.warm_up) {  // plain ZeRO-Offload: every column on the host, synchronously
@@ -109,7 +113,7 @@ class zenflow_model {
         to_host += x.rows * x.cols * x.grad_bytes;
         to_device += x.rows * x.cols * x.param_bytes;
       }
-      ++host_updates;
+      if (!mats.empty()) ++host_updates;  // a pass that updates columns
       update_vectors(vg, g_of);
       applied = t;
       return true;
@@ -188,7 +192,11 @@ class zenflow_model {
         }
         x.A = x.B = 0;
       }
-      ++host_updates;
+      // counted when some column is updated on the host
+      if (std::any_of(mats.begin(), mats.end(), [](const zf_matrix& x) {
+            return std::any_of(x.selected.begin(), x.selected.end(), [](auto s) { return !s; });
+          }))
+        ++host_updates;
       if (!cfg.overlap) publish();
       window_steps_ = 0;
     }
