@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -158,6 +159,40 @@ TEST_CASE("named registration fills the same fields and returns typed ids") {
   CHECK_THROWS_WITH_AS(opt.copy_master(matrix_id{1}, out.data()), "zenflow: no matrix 1", std::invalid_argument);
   CHECK_THROWS_WITH_AS(opt.copy_vector_master(vector_id{1}, out.data()), "zenflow: no vector 1",
                        std::invalid_argument);
+}
+
+TEST_CASE("overlap refusal matches a pairwise check of every registered buffer") {
+  // Random registrations into one arena of floats: each is refused exactly when its param or grad
+  // shares a byte with its own other buffer or with any buffer accepted before (checked the slow
+  // way, against all of them), and the optimizer takes the rest.
+  std::mt19937 gen(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> arena(4096);
+    optimizer<> opt(config{});
+    std::vector<std::pair<std::size_t, std::size_t>> taken;  // [begin, end) in elements
+    auto clash = [&](std::size_t b, std::size_t e) {
+      for (auto [tb, te] : taken)
+        if (b < te && tb < e) return true;
+      return false;
+    };
+    std::size_t accepted = 0;
+    for (int r = 0; r < 300; ++r) {
+      const std::size_t n = 1 + gen() % 24, pb = gen() % (arena.size() - n), gb = gen() % (arena.size() - n);
+      const bool self = pb < gb + n && gb < pb + n;
+      const bool refuse = self || clash(pb, pb + n) || clash(gb, gb + n);
+      CAPTURE(trial);
+      CAPTURE(r);
+      if (refuse) {
+        CHECK_THROWS_AS(opt.add_vector({arena.data() + pb, arena.data() + gb, n}), std::invalid_argument);
+      } else {
+        CHECK(opt.add_vector({arena.data() + pb, arena.data() + gb, n}) == vector_id{accepted});
+        ++accepted;
+        taken.push_back({pb, pb + n});
+        taken.push_back({gb, gb + n});
+      }
+    }
+    CHECK(accepted > 10);  // the draw leaves room for some (else the test would check only refusals)
+  }
 }
 
 TEST_CASE("a failed initialize leaves nothing half-built") {

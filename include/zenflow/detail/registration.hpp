@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -40,7 +42,9 @@ inline std::size_t checked_vector_elements(const std::string& who, const vector_
 }
 
 // The memory of every registered param and grad, so that a new one overlapping any of them is
-// refused (an optimizer would otherwise update one buffer twice, or write into a gradient).
+// refused (an optimizer would otherwise update one buffer twice, or write into a gradient). The
+// recorded extents never overlap each other, so they are kept ordered by start address and a new
+// extent need only be compared with its two neighbours: O(log n) per registration.
 class registered_buffers {
  public:
   // Checks one parameter's two buffers of n elements and records them.
@@ -51,26 +55,39 @@ class registered_buffers {
       if (reinterpret_cast<std::uintptr_t>(p) % size_of(t))
         invalid(who + ": " + what + " is not aligned to its element size (" + std::to_string(size_of(t)) + " bytes)");
     }
-    const extent mine[2] = {{param, n * size_of(pt), who + " param"}, {grad, n * size_of(gt), who + " grad"}};
-    if (overlaps(mine[0], mine[1])) invalid(who + ": param and grad overlap");
-    for (const extent& e : extents_)
-      for (const extent& m : mine)
-        if (overlaps(e, m)) invalid(m.name + " overlaps " + e.name);
-    extents_.push_back(mine[0]);
-    extents_.push_back(mine[1]);
+    const span mine[2] = {{at(param), at(param) + n * size_of(pt)}, {at(grad), at(grad) + n * size_of(gt)}};
+    if (mine[0].begin < mine[1].end && mine[1].begin < mine[0].end) invalid(who + ": param and grad overlap");
+    const char* what[2] = {" param", " grad"};
+    for (int k = 0; k < 2; ++k)
+      if (const auto hit = overlapping(mine[k]); hit != extents_.end())
+        invalid(who + what[k] + " overlaps " + hit->second.name);
+    extents_.emplace(mine[0].begin, extent{mine[0].end, who + what[0]});
+    extents_.emplace(mine[1].begin, extent{mine[1].end, who + what[1]});
   }
 
  private:
+  struct span {
+    std::uintptr_t begin, end;
+  };
   struct extent {
-    const void* p;
-    std::size_t bytes;
+    std::uintptr_t end;
     std::string name;
   };
-  static bool overlaps(const extent& a, const extent& b) {
-    const auto a0 = reinterpret_cast<std::uintptr_t>(a.p), b0 = reinterpret_cast<std::uintptr_t>(b.p);
-    return a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+  using map = std::map<std::uintptr_t, extent>;
+  static std::uintptr_t at(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+
+  // A recorded extent overlapping s, or end(): the last one starting at or before s.begin, or
+  // the first one starting after it.
+  map::const_iterator overlapping(const span& s) const {
+    auto next = extents_.upper_bound(s.begin);
+    if (next != extents_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.end > s.begin) return prev;
+    }
+    if (next != extents_.end() && next->first < s.end) return next;
+    return extents_.end();
   }
-  std::vector<extent> extents_;
+  map extents_;
 };
 
 }  // namespace zenflow::detail

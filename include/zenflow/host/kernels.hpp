@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -131,8 +132,17 @@ inline const kernel_table* built_table(isa t) noexcept {
 }
 #endif
 
-// A tier is available when it was built and the running CPU supports it.
-inline bool available(isa t) noexcept { return built_table(t) && cpu_supports(t); }
+// A tier is available when it was built and the running CPU supports it. Asked once per tier:
+// CPUID is slow (under a hypervisor it traps), and every kernel call asks.
+inline bool available(isa t) noexcept {
+  static const std::array<bool, 4> ok = [] {
+    std::array<bool, 4> r{};
+    for (isa u : {isa::scalar, isa::sse2, isa::avx2, isa::avx512}) r[std::size_t(u)] = built_table(u) && cpu_supports(u);
+    return r;
+  }();
+  const auto i = std::size_t(t);
+  return i < ok.size() && ok[i];
+}
 
 inline isa best_isa() noexcept {
   static const isa best = [] {
