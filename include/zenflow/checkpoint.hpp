@@ -5,10 +5,13 @@
 //   section: u32 tag | u32 0 | u64 payload length | payload | u32 CRC-32 (IEEE) of the payload
 //
 // Files are written to a temporary name, flushed to disk and renamed over the target, so a crash
-// while saving leaves the previous checkpoint intact. Reading checks every length against the
-// file size and every checksum before anything is used.
+// while saving leaves the previous checkpoint intact. Both directions stream through bounded
+// buffers: a section's length is known before its payload is written and its CRC is computed on
+// the way, so neither side ever holds a whole file. Reading checks the header and every length
+// against the file's size before reading a payload, and every checksum before anything is used.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -21,6 +24,7 @@
 
 #if defined(__unix__) || defined(__APPLE__)
 #  include <fcntl.h>
+#  include <sys/stat.h>
 #  include <unistd.h>
 #endif
 
@@ -39,29 +43,62 @@ inline constexpr std::uint32_t byte_order = 0x01020304u;
 
 enum tag : std::uint32_t { config_tag = 1, layout_tag = 2, counters_tag = 3, matrix_tag = 4, vector_tag = 5 };
 
-inline std::uint32_t crc32(const unsigned char* p, std::size_t n) noexcept {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
+// CRC-32 (IEEE, reflected) in pieces: state starts at crc32_init, each piece goes through
+// crc32_update, crc32_final gives the checksum. Slicing by 8 (eight tables, eight bytes a round).
+inline constexpr std::uint32_t crc32_init = 0xffffffffu;
+inline std::uint32_t crc32_update(std::uint32_t c, const unsigned char* p, std::size_t n) noexcept {
+  static const std::array<std::array<std::uint32_t, 256>, 8> t = [] {
+    std::array<std::array<std::uint32_t, 256>, 8> r{};
     for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      std::uint32_t c0 = i;
+      for (int k = 0; k < 8; ++k) c0 = (c0 & 1) ? 0xedb88320u ^ (c0 >> 1) : c0 >> 1;
+      r[0][i] = c0;
     }
-    return t;
+    for (std::uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) r[s][i] = (r[s - 1][i] >> 8) ^ r[0][r[s - 1][i] & 0xff];
+    return r;
   }();
-  std::uint32_t c = 0xffffffffu;
-  for (std::size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
+  for (; n >= 8; n -= 8, p += 8) {
+    const std::uint32_t lo = c ^ (std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
+                                  std::uint32_t(p[3]) << 24);
+    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][p[4]] ^
+        t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
+  }
+  for (; n > 0; --n, ++p) c = t[0][(c ^ *p) & 0xff] ^ (c >> 8);
+  return c;
+}
+inline constexpr std::uint32_t crc32_final(std::uint32_t c) noexcept { return c ^ 0xffffffffu; }
+inline std::uint32_t crc32(const unsigned char* p, std::size_t n) noexcept {
+  return crc32_final(crc32_update(crc32_init, p, n));
 }
 
-// Builds a section's payload.
-class writer {
- public:
+// The bounded buffer size both directions stream through.
+inline constexpr std::size_t stream_chunk = std::size_t(1) << 20;
+
+// Typed access for the byte streams below: put<T>() / get<T>() of a trivially copyable value
+// through the stream's bytes().
+template <class Stream>
+struct typed_writes {
   template <class T>
   void put(const T& x) {
     static_assert(std::is_trivially_copyable_v<T>);
-    bytes(&x, sizeof x);
+    static_cast<Stream*>(this)->bytes(&x, sizeof x);
   }
+};
+template <class Stream>
+struct typed_reads {
+  template <class T>
+  T get() {
+    static_assert(std::is_trivially_copyable_v<T>);
+    T x;
+    static_cast<Stream*>(this)->bytes(&x, sizeof x);
+    return x;
+  }
+};
+
+// Builds a section's payload.
+class writer : public typed_writes<writer> {
+ public:
   void bytes(const void* p, std::size_t n) {
     if (n == 0) return;  // p may be null for an empty array
     const auto* b = static_cast<const unsigned char*>(p);
@@ -74,16 +111,9 @@ class writer {
 };
 
 // Reads a section's payload; every read is bounds-checked.
-class reader {
+class reader : public typed_reads<reader> {
  public:
   reader(const unsigned char* p, std::size_t n, std::string what) : p_(p), n_(n), what_(std::move(what)) {}
-  template <class T>
-  T get() {
-    static_assert(std::is_trivially_copyable_v<T>);
-    T x;
-    bytes(&x, sizeof x);
-    return x;
-  }
   void bytes(void* out, std::size_t n) {
     if (n == 0) return;  // out may be null for an empty array
     if (n > n_ - at_) throw checkpoint_error("zenflow checkpoint: " + what_ + " section is truncated");
@@ -104,12 +134,6 @@ class reader {
   std::string what_;
 };
 
-struct section {
-  std::uint32_t tag;
-  const unsigned char* data;
-  std::size_t size;
-};
-
 // A temporary file name next to path, unique to this process and call, so that concurrent saves
 // to one path never write into each other's file (the last rename wins, each file complete).
 inline std::string temporary_name(const std::string& path) {
@@ -122,84 +146,213 @@ inline std::string temporary_name(const std::string& path) {
   return path + ".tmp." + std::to_string(pid) + "." + std::to_string(counter.fetch_add(1));
 }
 
-// Writes the sections atomically to path (temporary file, fsync, rename, fsync of the directory).
-inline void write_file(const std::string& path, const std::vector<std::pair<std::uint32_t, const writer*>>& sections) {
-  const std::string tmp = temporary_name(path);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw std::runtime_error("zenflow: cannot create " + tmp);
-  bool ok = std::fwrite(magic, 1, 8, f) == 8;
-  const std::uint32_t head[4] = {version, byte_order, std::uint32_t(sections.size()), 0};
-  ok = ok && std::fwrite(head, 4, 4, f) == 4;
-  for (const auto& [t, w] : sections) {
+// Writes a checkpoint file section by section, atomically: to a temporary file that commit()
+// flushes, syncs and renames over path; destroyed without commit() (an exception on the way),
+// the temporary file is removed and path is untouched. Each section announces its length, takes
+// exactly that many payload bytes in any number of pieces, and gets its CRC on end().
+class file_writer : public typed_writes<file_writer> {
+ public:
+  file_writer(const std::string& path, std::uint32_t sections) : path_(path), tmp_(temporary_name(path)) {
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) throw std::runtime_error("zenflow: cannot create " + tmp_);
+    const std::uint32_t head[4] = {version, byte_order, sections, 0};
+    raw(magic, 8);
+    raw(head, 16);
+  }
+  file_writer(const file_writer&) = delete;
+  file_writer& operator=(const file_writer&) = delete;
+  ~file_writer() {
+    if (f_) {
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+    }
+  }
+
+  void begin(std::uint32_t t, std::uint64_t len) {
     const std::uint32_t tag_and_pad[2] = {t, 0};
-    const std::uint64_t len = w->data().size();
-    const std::uint32_t crc = crc32(w->data().data(), w->data().size());
-    ok = ok && std::fwrite(tag_and_pad, 4, 2, f) == 2 && std::fwrite(&len, 8, 1, f) == 1 &&
-         (len == 0 || std::fwrite(w->data().data(), 1, len, f) == len) && std::fwrite(&crc, 4, 1, f) == 1;
+    raw(tag_and_pad, 8);
+    raw(&len, 8);
+    left_ = len;
+    crc_ = crc32_init;
   }
-  ok = std::fflush(f) == 0 && ok;
-#if defined(__unix__) || defined(__APPLE__)
-  ok = ok && ::fsync(fileno(f)) == 0;
-#endif
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("zenflow: writing " + tmp + " failed (disk full?)");
+  void bytes(const void* p, std::size_t n) {
+    if (n == 0) return;  // p may be null for an empty array
+    if (n > left_) throw std::logic_error("zenflow: checkpoint section longer than announced");
+    crc_ = crc32_update(crc_, static_cast<const unsigned char*>(p), n);
+    raw(p, n);
+    left_ -= n;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("zenflow: cannot rename " + tmp + " to " + path);
+  void end() {
+    if (left_ != 0) throw std::logic_error("zenflow: checkpoint section shorter than announced");
+    const std::uint32_t crc = crc32_final(crc_);
+    raw(&crc, 4);
   }
-#if defined(__unix__) || defined(__APPLE__)
-  const std::size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  if (const int d = ::open(dir.c_str(), O_RDONLY); d >= 0) {  // make the rename itself durable
-    ::fsync(d);
-    ::close(d);
+  // A section built in memory (the small ones).
+  void section(std::uint32_t t, const writer& w) {
+    begin(t, w.data().size());
+    bytes(w.data().data(), w.data().size());
+    end();
   }
-#endif
-}
 
-// Verifies a checkpoint image: header, lengths, checksums. `out` points into `buf`. `name`
-// (a path) is for the messages.
-inline void parse(const unsigned char* data, std::size_t size, const std::string& name, std::vector<section>& out) {
-  auto fail = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + name + ": " + why); };
-  if (size < 24 || std::memcmp(data, magic, 8) != 0) fail("not a zenflow checkpoint (bad magic)");
+  // Flushes, syncs and renames the file over path (then syncs the directory).
+  void commit() {
+    bool ok = std::fflush(f_) == 0;
+#if defined(__unix__) || defined(__APPLE__)
+    ok = ok && ::fsync(fileno(f_)) == 0;
+#endif
+    ok = std::fclose(f_) == 0 && ok;
+    f_ = nullptr;
+    if (!ok) {
+      std::remove(tmp_.c_str());
+      throw std::runtime_error("zenflow: writing " + tmp_ + " failed (disk full?)");
+    }
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      std::remove(tmp_.c_str());
+      throw std::runtime_error("zenflow: cannot rename " + tmp_ + " to " + path_);
+    }
+#if defined(__unix__) || defined(__APPLE__)
+    const std::size_t slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+    if (const int d = ::open(dir.c_str(), O_RDONLY); d >= 0) {  // make the rename itself durable
+      ::fsync(d);
+      ::close(d);
+    }
+#endif
+  }
+
+ private:
+  void raw(const void* p, std::size_t n) {
+    if (std::fwrite(p, 1, n, f_) != n) throw std::runtime_error("zenflow: writing " + tmp_ + " failed (disk full?)");
+  }
+  std::string path_, tmp_;
+  std::FILE* f_ = nullptr;
+  std::uint64_t left_ = 0;
+  std::uint32_t crc_ = crc32_init;
+};
+
+// Where a checkpoint is read from: a file (opened once; read twice by load, a check pass and a
+// commit pass, from the same open file, so a save renamed over the path meanwhile changes
+// nothing) or an image in memory. Sequential reads with seek; a read past the end is refused.
+class input {
+ public:
+  // A regular file; its size is known before anything is read.
+  explicit input(const std::string& path) : name_(path) {
+    f_ = std::fopen(path.c_str(), "rb");
+    if (!f_) throw checkpoint_error("zenflow checkpoint " + path + ": cannot open the file");
+#if defined(__unix__) || defined(__APPLE__)
+    struct stat st {};
+    if (::fstat(fileno(f_), &st) != 0 || !S_ISREG(st.st_mode)) {
+      std::fclose(f_);
+      throw checkpoint_error("zenflow checkpoint " + path + ": not a regular file");
+    }
+    size_ = std::uint64_t(st.st_size);
+#else
+    std::fseek(f_, 0, SEEK_END);
+    size_ = std::uint64_t(std::ftell(f_));
+    std::fseek(f_, 0, SEEK_SET);
+#endif
+  }
+  input(const void* data, std::size_t size, std::string name)
+      : name_(std::move(name)), mem_(static_cast<const unsigned char*>(data)), size_(size) {}
+  input(const input&) = delete;
+  input& operator=(const input&) = delete;
+  ~input() {
+    if (f_) std::fclose(f_);
+  }
+
+  const std::string& name() const noexcept { return name_; }
+  std::uint64_t size() const noexcept { return size_; }
+  std::uint64_t offset() const noexcept { return at_; }
+  std::uint64_t left() const noexcept { return size_ - at_; }
+  [[noreturn]] void fail(const std::string& why) const { throw checkpoint_error("zenflow checkpoint " + name_ + ": " + why); }
+
+  void read(void* out, std::size_t n) {
+    if (n == 0) return;
+    if (n > left()) fail("truncated");
+    if (mem_) std::memcpy(out, mem_ + at_, n);
+    else if (std::fread(out, 1, n, f_) != n) fail(std::ferror(f_) ? "read error" : "truncated (the file shrank)");
+    at_ += n;
+  }
+  void seek(std::uint64_t to) {
+    if (to > size_) fail("truncated");
+    if (!mem_ && std::fseek(f_, long(to), SEEK_SET) != 0) fail("read error (seek)");
+    at_ = to;
+  }
+
+ private:
+  std::string name_;
+  std::FILE* f_ = nullptr;
+  const unsigned char* mem_ = nullptr;
+  std::uint64_t size_ = 0, at_ = 0;
+};
+
+// One section's payload read from an input in pieces, its CRC computed on the way; finish()
+// reads the stored CRC and refuses the section if they differ. `index` names it in messages.
+class section_in : public typed_reads<section_in> {
+ public:
+  section_in(input& in, std::uint64_t len, std::size_t index) : in_(in), left_(len), index_(index) {}
+  void bytes(void* out, std::size_t n) {
+    if (n == 0) return;
+    if (n > left_) in_.fail("section " + std::to_string(index_) + " is shorter than its contents");
+    in_.read(out, n);
+    crc_ = crc32_update(crc_, static_cast<const unsigned char*>(out), n);
+    left_ -= n;
+  }
+  // n bytes through a bounded buffer: f(piece, bytes) for each piece, in order.
+  template <class F>
+  void pieces(std::uint64_t n, std::vector<unsigned char>& buf, F&& f) {
+    buf.resize(stream_chunk);
+    while (n > 0) {
+      const std::size_t m = std::size_t(std::min<std::uint64_t>(n, buf.size()));
+      bytes(buf.data(), m);
+      f(buf.data(), m);
+      n -= m;
+    }
+  }
+  void skip(std::uint64_t n, std::vector<unsigned char>& buf) {
+    pieces(n, buf, [](const unsigned char*, std::size_t) {});
+  }
+  void finish() {
+    if (left_ != 0) in_.fail("section " + std::to_string(index_) + " has trailing bytes");
+    std::uint32_t stored;
+    in_.read(&stored, 4);
+    if (crc32_final(crc_) != stored) in_.fail("checksum mismatch in section " + std::to_string(index_));
+  }
+
+ private:
+  input& in_;
+  std::uint64_t left_;
+  std::size_t index_;
+  std::uint32_t crc_ = crc32_init;
+};
+
+// The header: magic, byte order, version; returns the section count.
+inline std::uint32_t read_header(input& in) {
+  if (in.size() < 24) in.fail("not a zenflow checkpoint (bad magic)");
+  unsigned char m[8];
+  in.read(m, 8);
+  if (std::memcmp(m, magic, 8) != 0) in.fail("not a zenflow checkpoint (bad magic)");
   std::uint32_t head[4];
-  std::memcpy(head, data + 8, 16);
-  if (head[1] != byte_order) fail("written on a machine of the other byte order");
+  in.read(head, 16);
+  if (head[1] != byte_order) in.fail("written on a machine of the other byte order");
   if (head[0] != version)
-    fail("format version " + std::to_string(head[0]) + ", this build reads version " + std::to_string(version));
-  std::size_t at = 24;
-  out.clear();
-  for (std::uint32_t s = 0; s < head[2]; ++s) {
-    if (size - at < 16) fail("truncated (section " + std::to_string(s) + " header)");
-    std::uint32_t th[2];
-    std::uint64_t len;
-    std::memcpy(th, data + at, 8);
-    std::memcpy(&len, data + at + 8, 8);
-    at += 16;
-    if (len > size - at || size - at - len < 4) fail("truncated (section " + std::to_string(s) + ")");
-    std::uint32_t crc;
-    std::memcpy(&crc, data + at + len, 4);
-    if (crc32(data + at, std::size_t(len)) != crc) fail("checksum mismatch in section " + std::to_string(s));
-    out.push_back({th[0], data + at, std::size_t(len)});
-    at += std::size_t(len) + 4;
-  }
-  if (at != size) fail("trailing bytes after the last section");
+    in.fail("format version " + std::to_string(head[0]) + ", this build reads version " + std::to_string(version));
+  return head[2];
 }
 
-// Reads a whole file.
-inline std::vector<unsigned char> read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw checkpoint_error("zenflow checkpoint " + path + ": cannot open the file");
-  std::vector<unsigned char> buf;
-  unsigned char chunk[1 << 16];
-  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) buf.insert(buf.end(), chunk, chunk + n);
-  const bool err = std::ferror(f);
-  std::fclose(f);
-  if (err) throw checkpoint_error("zenflow checkpoint " + path + ": read error");
-  return buf;
+// A section's header: its tag and payload length, the length checked against what is left.
+struct section_header {
+  std::uint32_t tag;
+  std::uint64_t len;
+};
+inline section_header read_section_header(input& in, std::size_t index) {
+  if (in.left() < 16) in.fail("truncated (section " + std::to_string(index) + " header)");
+  std::uint32_t th[2];
+  std::uint64_t len;
+  in.read(th, 8);
+  in.read(&len, 8);
+  if (len > in.left() || in.left() - len < 4) in.fail("truncated (section " + std::to_string(index) + ")");
+  return {th[0], len};
 }
 
 }  // namespace ckpt

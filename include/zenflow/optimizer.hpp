@@ -260,30 +260,38 @@ class optimizer {
   // Restores a checkpoint written by save() into this initialised optimizer, whose config and
   // registrations must match the file's (lr is taken from the file; host_threads may differ).
   // The registered params are overwritten with the saved ones. Everything is read and checked
-  // first: a file that is unreadable, corrupt or mismatched throws zenflow::checkpoint_error
-  // naming the problem, and the optimizer is left exactly as it was.
+  // first — the header and the file's size before any payload, then every checksum — through
+  // bounded buffers (the file is read twice, never held whole): a file that is unreadable,
+  // corrupt or mismatched throws zenflow::checkpoint_error naming the problem, and the optimizer
+  // is left exactly as it was. (Only a file rewritten in place during the load can fail the
+  // second pass; the optimizer then refuses further work until a load succeeds.)
   void load(const std::string& path) {
     if (!initialized_) fail("load() before initialize()");
-    const std::vector<unsigned char> file = ckpt::read_file(path);
-    load_image(file.data(), file.size(), path);
+    ckpt::input in(path);
+    load_from(in);
   }
 
   // load() from a checkpoint image in memory (a file's bytes); `name` appears in the messages.
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
     if (!initialized_) fail("load() before initialize()");
+    ckpt::input in(data, size, name);
+    load_from(in);
+  }
+
+ private:
+  template <class>
+  friend struct detail::optimizer_checkpoint;
+
+  void load_from(ckpt::input& in) {
     enter();
     try {
       quiesce();
     } catch (...) {
       // a background job failed: the state it left is what this load replaces
     }
-    detail::optimizer_checkpoint<optimizer>::load_image(*this, data, size, name);
+    detail::optimizer_checkpoint<optimizer>::load(*this, in);
     broken_.clear();  // a complete, checked state again
   }
-
- private:
-  template <class>
-  friend struct detail::optimizer_checkpoint;
 
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
 

@@ -23,8 +23,18 @@ namespace zenflow::detail {
 
 template <class Opt>
 struct optimizer_checkpoint {
-  // The complete state (see optimizer::save), written atomically to `path`. The optimizer has
-  // finished any host update in flight.
+  // Bytes of a matrix section with `active` selected columns, and of a vector section.
+  static std::uint64_t matrix_bytes(const Opt& o, std::size_t i, std::uint64_t active) {
+    const matrix_param& p = o.matrices_[i];
+    const std::uint64_t n = std::uint64_t(p.rows) * p.cols, pb = n * size_of(p.param_type);
+    const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
+    return 8 + 4 * active + 12 * active * p.rows + 4 * active + (12 + 4 * accs) * n + 4 * p.cols + 2 * pb;
+  }
+  static std::uint64_t vector_bytes(const vector_param& p) { return 12 * std::uint64_t(p.n) + 4 + p.n * size_of(p.param_type); }
+
+  // The complete state (see optimizer::save), written atomically to `path`, streamed: host
+  // arrays go to the file from where they are, device arrays through one bounded buffer. The
+  // optimizer has finished any host update in flight.
   static void save(Opt& o, const std::string& path) {
     ckpt::writer conf, lay, cnt;
     write_config(conf, o.cfg_);
@@ -59,73 +69,91 @@ struct optimizer_checkpoint {
       cnt.put(o.auto_a_[i]);
       cnt.put(o.auto_b_[i]);
     }
-    std::vector<ckpt::writer> mats(o.matrices_.size()), vecs(o.vectors_.size());
+    ckpt::file_writer f(path, std::uint32_t(3 + o.matrices_.size() + o.vectors_.size()));
+    f.section(ckpt::config_tag, conf);
+    f.section(ckpt::layout_tag, lay);
+    f.section(ckpt::counters_tag, cnt);
+    std::vector<unsigned char> buf;
+    auto from_device = [&](const void* src, std::size_t bytes) {
+      const auto* at = static_cast<const unsigned char*>(src);
+      buf.resize(std::min(bytes, ckpt::stream_chunk));
+      for (std::size_t off = 0; off < bytes; off += buf.size()) {
+        const std::size_t m = std::min(buf.size(), bytes - off);
+        o.space_.download(buf.data(), at + off, m);
+        f.bytes(buf.data(), m);
+      }
+    };
     for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
       const matrix_param& p = o.matrices_[i];
       const auto& d = o.updater_.matrix(i);
       const auto& h = o.host_.matrix(i);
       const std::size_t n = p.rows * p.cols, ks = d.active * p.rows, pb = n * size_of(p.param_type);
-      ckpt::writer& w = mats[i];
-      w.put<std::uint64_t>(d.active);
-      w.bytes(o.selected_[i].data(), 4 * d.active);
-      for (const float* a : {d.master[d.cur].data(), d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) {
-        const auto dev = o.template download<float>(a, ks);
-        w.bytes(dev.data(), 4 * ks);
-      }
-      const auto counts = o.template download<std::uint32_t>(d.counts[d.cur].data(), d.active);
-      w.bytes(counts.data(), 4 * d.active);
-      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) w.bytes(a, 4 * n);
-      if (o.cfg_.overlap_step) w.bytes(h.acc[1].data(), 4 * n);
-      w.bytes(h.counts.data(), 4 * p.cols);
-      w.bytes(h.param_stage.data(), pb);
-      const auto params = o.download(static_cast<const unsigned char*>(p.param), pb);
-      w.bytes(params.data(), pb);
+      f.begin(ckpt::matrix_tag, matrix_bytes(o, i, d.active));
+      f.put<std::uint64_t>(d.active);
+      f.bytes(o.selected_[i].data(), 4 * d.active);
+      for (const float* a : {d.master[d.cur].data(), d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()})
+        from_device(a, 4 * ks);
+      from_device(d.counts[d.cur].data(), 4 * d.active);
+      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) f.bytes(a, 4 * n);
+      if (o.cfg_.overlap_step) f.bytes(h.acc[1].data(), 4 * n);
+      f.bytes(h.counts.data(), 4 * p.cols);
+      f.bytes(h.param_stage.data(), pb);
+      from_device(p.param, pb);
+      f.end();
     }
     for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
       const vector_param& p = o.vectors_[i];
       const auto& v = o.updater_.vector(i);
-      ckpt::writer& w = vecs[i];
-      for (const float* a : {v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data()}) {
-        const auto dev = o.template download<float>(a, p.n);
-        w.bytes(dev.data(), 4 * p.n);
-      }
-      w.put<std::uint32_t>(v.count);
-      const auto params = o.download(static_cast<const unsigned char*>(p.param), p.n * size_of(p.param_type));
-      w.bytes(params.data(), params.size());
+      f.begin(ckpt::vector_tag, vector_bytes(p));
+      for (const float* a : {v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data()}) from_device(a, 4 * p.n);
+      f.put<std::uint32_t>(v.count);
+      from_device(p.param, p.n * size_of(p.param_type));
+      f.end();
     }
-    std::vector<std::pair<std::uint32_t, const ckpt::writer*>> sections = {
-        {ckpt::config_tag, &conf}, {ckpt::layout_tag, &lay}, {ckpt::counters_tag, &cnt}};
-    for (const auto& w : mats) sections.push_back({ckpt::matrix_tag, &w});
-    for (const auto& w : vecs) sections.push_back({ckpt::vector_tag, &w});
-    ckpt::write_file(path, sections);
+    f.commit();
   }
 
-  // Checks the image of a checkpoint against this optimizer and, only if everything holds,
-  // restores it (see optimizer::load).
-  static void load_image(Opt& o, const void* data, std::size_t size, const std::string& name) {
-    const std::string& path = name;
-    std::vector<ckpt::section> secs;
-    ckpt::parse(static_cast<const unsigned char*>(data), size, path, secs);
-    auto bad = [&](const std::string& why) -> void { throw checkpoint_error("zenflow checkpoint " + path + ": " + why); };
-    const std::size_t want = 3 + o.matrices_.size() + o.vectors_.size();
-    if (secs.size() != want)
-      bad("has " + std::to_string(secs.size()) + " sections, this optimizer needs " + std::to_string(want) +
+  // Checks a checkpoint against this optimizer and, only if everything holds, restores it (see
+  // optimizer::load). Two passes over the input through bounded buffers: the first reads the
+  // header, the small sections (config, layout, counters; their sizes are known, so the file's
+  // total size is checked before any payload is read) and streams every payload through its
+  // checksum, keeping only what the checks need (column lists, counts); the second commits,
+  // reading each array straight into place. A file that changes between the passes (written in
+  // place while loading) fails the second pass's checksums: the state is then half-restored,
+  // and the optimizer refuses further work until a load succeeds.
+  static void load(Opt& o, ckpt::input& in) {
+    auto bad = [&](const std::string& why) -> void { in.fail(why); };
+    const std::size_t nm = o.matrices_.size(), nv = o.vectors_.size();
+    const std::size_t want = 3 + nm + nv;
+    const std::uint32_t count = ckpt::read_header(in);
+    if (count != want)
+      bad("has " + std::to_string(count) + " sections, this optimizer needs " + std::to_string(want) +
           " (a different number of registered parameters?)");
-    auto expect_tag = [&](std::size_t i, std::uint32_t t, const char* what) {
-      if (secs[i].tag != t) bad("section " + std::to_string(i) + " should be the " + what + " section");
+    std::vector<unsigned char> buf;
+    // a small section, whole, its checksum checked; at most `cap` bytes
+    auto small = [&](std::size_t index, std::uint32_t t, const char* what, std::uint64_t cap) {
+      const ckpt::section_header h = ckpt::read_section_header(in, index);
+      if (h.tag != t) bad("section " + std::to_string(index) + " should be the " + what + " section");
+      if (h.len > cap) bad(std::string(what) + " section has the wrong size");
+      std::vector<unsigned char> data(std::size_t(h.len));
+      ckpt::section_in r(in, h.len, index);
+      r.bytes(data.data(), data.size());
+      r.finish();
+      return data;
     };
-    expect_tag(0, ckpt::config_tag, "config");
-    expect_tag(1, ckpt::layout_tag, "layout");
-    expect_tag(2, ckpt::counters_tag, "counters");
     // config: everything but lr and host_threads must agree
-    ckpt::reader rc(secs[0].data, secs[0].size, "config");
+    ckpt::writer conf_here;
+    write_config(conf_here, o.cfg_);
+    const auto conf = small(0, ckpt::config_tag, "config", conf_here.data().size());
+    ckpt::reader rc(conf.data(), conf.size(), "config");
     const config fc = read_config(rc);
     rc.done();
     compare_config(o.cfg_, fc, bad);
     // registrations
-    ckpt::reader rl(secs[1].data, secs[1].size, "layout");
-    if (rl.get<std::uint64_t>() != o.matrices_.size()) bad("registers a different number of matrices");
-    for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
+    const auto lay = small(1, ckpt::layout_tag, "layout", 16 + 27 * std::uint64_t(nm) + 10 * std::uint64_t(nv));
+    ckpt::reader rl(lay.data(), lay.size(), "layout");
+    if (rl.get<std::uint64_t>() != nm) bad("registers a different number of matrices");
+    for (std::size_t i = 0; i < nm; ++i) {
       const matrix_param& p = o.matrices_[i];
       const auto rows = rl.get<std::uint64_t>(), cols = rl.get<std::uint64_t>();
       const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>(), lo = rl.get<std::uint8_t>();
@@ -138,8 +166,8 @@ struct optimizer_checkpoint {
             " (" + std::to_string(int(p.param_type)) + ", " + std::to_string(int(p.grad_type)) + ", " +
             std::to_string(int(p.layout)) + ") here");
     }
-    if (rl.get<std::uint64_t>() != o.vectors_.size()) bad("registers a different number of vectors");
-    for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
+    if (rl.get<std::uint64_t>() != nv) bad("registers a different number of vectors");
+    for (std::size_t i = 0; i < nv; ++i) {
       const auto n = rl.get<std::uint64_t>();
       const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>();
       if (n != o.vectors_[i].n || pt != std::uint8_t(o.vectors_[i].param_type) || gt != std::uint8_t(o.vectors_[i].grad_type))
@@ -148,13 +176,14 @@ struct optimizer_checkpoint {
     }
     rl.done();
     // counters
-    ckpt::reader rn(secs[2].data, secs[2].size, "counters");
+    const auto cnt = small(2, ckpt::counters_tag, "counters", 99 + 16 * std::uint64_t(nm));
+    ckpt::reader rn(cnt.data(), cnt.size(), "counters");
     std::uint64_t c[10];
     for (auto& v : c) v = rn.get<std::uint64_t>();
     const double stall = rn.get<double>();
     const auto sel_once = rn.get<std::uint8_t>(), pend = rn.get<std::uint8_t>(), acc = rn.get<std::uint8_t>();
     const auto na = rn.get<std::uint64_t>();
-    if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != o.matrices_.size()) || c[0] + c[2] != c[1] ||
+    if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != nm) || c[0] + c[2] != c[1] ||
         c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
       bad("counters section is inconsistent");
     // states the schedule can reach: without overlap_step no second accumulator and no host
@@ -172,93 +201,85 @@ struct optimizer_checkpoint {
       ab[i] = rn.get<double>();
     }
     rn.done();
-    // matrices and vectors: sizes and column lists checked while parsing into staging copies
-    struct mat_blob {
+    // The file's size against what this optimizer's checkpoint can be (a matrix section holds its
+    // selected columns, none before the first selection), before any payload is read.
+    std::uint64_t lo = in.offset(), hi = in.offset();
+    for (std::size_t i = 0; i < nm; ++i) {
+      const std::uint64_t a = matrix_bytes(o, i, 0), b = matrix_bytes(o, i, o.updater_.matrix(i).k);
+      lo += 20 + std::min(a, b);
+      hi += 20 + std::max(a, b);
+    }
+    for (const vector_param& p : o.vectors_) {
+      lo += 20 + vector_bytes(p);
+      hi += 20 + vector_bytes(p);
+    }
+    if (in.size() < lo || in.size() > hi)
+      bad(std::string(in.size() < lo ? "truncated" : "trailing bytes after the last section") + " (" +
+          std::to_string(in.size()) + " bytes; a checkpoint of this optimizer has " +
+          (lo == hi ? std::to_string(lo) : "between " + std::to_string(lo) + " and " + std::to_string(hi)) + ")");
+
+    // Pass 1: every payload through its checksum; column lists and counts checked.
+    struct placed {
+      std::uint64_t at, len;
       std::size_t active;
-      const unsigned char* at;
     };
-    std::vector<mat_blob> mb;
-    for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
-      const ckpt::section& sec = secs[3 + i];
-      if (sec.tag != ckpt::matrix_tag) bad("section " + std::to_string(3 + i) + " should be matrix " + std::to_string(i));
+    std::vector<placed> where;
+    for (std::size_t i = 0; i < nm; ++i) {
+      const std::size_t index = 3 + i;
+      const ckpt::section_header h = ckpt::read_section_header(in, index);
+      if (h.tag != ckpt::matrix_tag) bad("section " + std::to_string(index) + " should be matrix " + std::to_string(i));
       const matrix_param& p = o.matrices_[i];
-      ckpt::reader r(sec.data, sec.size, "matrix " + std::to_string(i));
-      const auto active = r.get<std::uint64_t>();
-      if (active != 0 && active != o.updater_.matrix(i).k) bad("matrix " + std::to_string(i) + ": selection size differs");
+      const std::size_t k = o.updater_.matrix(i).k;
+      const std::size_t active = h.len == matrix_bytes(o, i, k) ? k : 0;
+      if (h.len != matrix_bytes(o, i, active)) bad("matrix " + std::to_string(i) + " section has the wrong size");
       const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
       const std::size_t accs = o.cfg_.overlap_step ? 2 : 1;
-      const std::size_t expect = 8 + 4 * active + 12 * active * p.rows + 4 * active + (12 + 4 * accs) * n + 4 * p.cols + 2 * pb;
-      if (sec.size != expect) bad("matrix " + std::to_string(i) + " section has the wrong size");
+      where.push_back({in.offset(), h.len, active});
+      ckpt::section_in r(in, h.len, index);
+      const auto stored = r.get<std::uint64_t>();
       std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
       r.bytes(cols.data(), 4 * active);
+      r.skip(12 * std::uint64_t(active) * p.rows, buf);
+      r.bytes(counts.data(), 4 * active);
+      r.skip((12 + 4 * accs) * std::uint64_t(n), buf);
+      r.bytes(hcounts.data(), 4 * p.cols);
+      r.skip(2 * std::uint64_t(pb), buf);
+      r.finish();
+      if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
       for (std::size_t s = 0; s < active; ++s)
         if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
           bad("matrix " + std::to_string(i) + ": corrupt column list");
       // a column's Adam count can never exceed the number of applied steps
-      r.skip(12 * active * p.rows);
-      r.bytes(counts.data(), 4 * active);
-      r.skip((12 + 4 * accs) * n);
-      r.bytes(hcounts.data(), 4 * p.cols);
       for (auto x : counts)
         if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
       for (auto x : hcounts)
         if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
-      mb.push_back({active, sec.data + 8});
     }
-    for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
-      const ckpt::section& sec = secs[3 + o.matrices_.size() + i];
-      if (sec.tag != ckpt::vector_tag) bad("section " + std::to_string(3 + o.matrices_.size() + i) + " should be vector " + std::to_string(i));
-      if (sec.size != 12 * o.vectors_[i].n + 4 + o.vectors_[i].n * size_of(o.vectors_[i].param_type))
-        bad("vector " + std::to_string(i) + " section has the wrong size");
-      std::uint32_t vc;
-      std::memcpy(&vc, sec.data + 12 * o.vectors_[i].n, 4);
+    for (std::size_t i = 0; i < nv; ++i) {
+      const std::size_t index = 3 + nm + i;
+      const vector_param& p = o.vectors_[i];
+      const ckpt::section_header h = ckpt::read_section_header(in, index);
+      if (h.tag != ckpt::vector_tag) bad("section " + std::to_string(index) + " should be vector " + std::to_string(i));
+      if (h.len != vector_bytes(p)) bad("vector " + std::to_string(i) + " section has the wrong size");
+      where.push_back({in.offset(), h.len, 0});
+      ckpt::section_in r(in, h.len, index);
+      r.skip(12 * std::uint64_t(p.n), buf);
+      const auto vc = r.get<std::uint32_t>();
+      r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
+      r.finish();
       if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
     }
+    if (in.left() != 0) bad("trailing bytes after the last section");
 
-    // ---- everything checked: commit (copies only, nothing can fail from here) ----
+    // ---- Pass 2, everything checked: commit ----
     o.quiesce();
+    try {
+      commit(o, in, where, buf);
+    } catch (const std::exception& e) {
+      o.broken_ = std::string("a checkpoint load failed while committing: ") + e.what();
+      throw;
+    }
     o.cfg_.adam.lr = fc.adam.lr;
-    for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
-      const matrix_param& p = o.matrices_[i];
-      auto& d = o.updater_.matrix(i);
-      auto& h = o.host_.matrix(i);
-      const std::size_t n = p.rows * p.cols, ks = mb[i].active * p.rows, pb = n * size_of(p.param_type);
-      const unsigned char* at = mb[i].at;
-      auto take = [&](void* dst, std::size_t bytes) {
-        if (bytes) std::memcpy(dst, at, bytes);  // dst is null for an empty array
-        at += bytes;
-      };
-      auto take_dev = [&](void* dst, std::size_t bytes) {
-        if (bytes) o.space_.upload(dst, at, bytes);
-        at += bytes;
-      };
-      d.cur = 0;
-      d.active = mb[i].active;
-      o.selected_[i].assign(d.active, 0);
-      take(o.selected_[i].data(), 4 * d.active);
-      if (d.active) o.space_.upload(d.columns[0].data(), o.selected_[i].data(), 4 * d.active);
-      take_dev(d.master[0].data(), 4 * ks);
-      take_dev(d.exp_avg[0].data(), 4 * ks);
-      take_dev(d.exp_avg_sq[0].data(), 4 * ks);
-      take_dev(d.counts[0].data(), 4 * d.active);
-      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) take(a, 4 * n);
-      if (o.cfg_.overlap_step) take(h.acc[1].data(), 4 * n);
-      take(h.counts.data(), 4 * p.cols);
-      take(h.param_stage.data(), pb);
-      take_dev(p.param, pb);
-      o.set_unselected(i);
-    }
-    for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
-      const vector_param& p = o.vectors_[i];
-      auto& v = o.updater_.vector(i);
-      const unsigned char* at = secs[3 + o.matrices_.size() + i].data;
-      o.space_.upload(v.master.data(), at, 4 * p.n);
-      o.space_.upload(v.exp_avg.data(), at + 4 * p.n, 4 * p.n);
-      o.space_.upload(v.exp_avg_sq.data(), at + 8 * p.n, 4 * p.n);
-      std::memcpy(&v.count, at + 12 * p.n, 4);
-      o.space_.upload(p.param, at + 12 * p.n + 4, p.n * size_of(p.param_type));
-    }
-    o.space_.fence();  // the uploads read the file image, which the caller may free
     o.applied_ = c[0];
     o.steps_ = c[1];
     o.skipped_ = c[2];
@@ -276,6 +297,61 @@ struct optimizer_checkpoint {
     o.active_acc_ = acc;
     o.auto_a_ = std::move(aa);
     o.auto_b_ = std::move(ab);
+  }
+
+
+  // Pass 2 of load: each section read again, straight into the optimizer's arrays (device ones
+  // through the bounded buffer), its checksum checked again at the end.
+  template <class Placed>
+  static void commit(Opt& o, ckpt::input& in, const std::vector<Placed>& where, std::vector<unsigned char>& buf) {
+    const std::size_t nm = o.matrices_.size();
+    auto to_device = [&](ckpt::section_in& r, void* dst, std::size_t bytes) {
+      auto* at = static_cast<unsigned char*>(dst);
+      std::size_t off = 0;
+      r.pieces(bytes, buf, [&](const unsigned char* piece, std::size_t m) {
+        o.space_.upload(at + off, piece, m);
+        off += m;
+      });
+    };
+    for (std::size_t i = 0; i < nm; ++i) {
+      const matrix_param& p = o.matrices_[i];
+      auto& d = o.updater_.matrix(i);
+      auto& h = o.host_.matrix(i);
+      const std::size_t active = where[i].active;
+      const std::size_t n = p.rows * p.cols, ks = active * p.rows, pb = n * size_of(p.param_type);
+      in.seek(where[i].at);
+      ckpt::section_in r(in, where[i].len, 3 + i);
+      if (r.get<std::uint64_t>() != active) in.fail("changed while it was being loaded");
+      d.cur = 0;
+      d.active = active;
+      o.selected_[i].assign(active, 0);
+      r.bytes(o.selected_[i].data(), 4 * active);
+      if (active) o.space_.upload(d.columns[0].data(), o.selected_[i].data(), 4 * active);
+      to_device(r, d.master[0].data(), 4 * ks);
+      to_device(r, d.exp_avg[0].data(), 4 * ks);
+      to_device(r, d.exp_avg_sq[0].data(), 4 * ks);
+      to_device(r, d.counts[0].data(), 4 * active);
+      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) r.bytes(a, 4 * n);
+      if (o.cfg_.overlap_step) r.bytes(h.acc[1].data(), 4 * n);
+      r.bytes(h.counts.data(), 4 * p.cols);
+      r.bytes(h.param_stage.data(), pb);
+      to_device(r, p.param, pb);
+      r.finish();
+      o.set_unselected(i);
+    }
+    for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
+      const vector_param& p = o.vectors_[i];
+      auto& v = o.updater_.vector(i);
+      in.seek(where[nm + i].at);
+      ckpt::section_in r(in, where[nm + i].len, 3 + nm + i);
+      to_device(r, v.master.data(), 4 * p.n);
+      to_device(r, v.exp_avg.data(), 4 * p.n);
+      to_device(r, v.exp_avg_sq.data(), 4 * p.n);
+      v.count = r.get<std::uint32_t>();
+      to_device(r, p.param, p.n * size_of(p.param_type));
+      r.finish();
+    }
+    o.space_.fence();
   }
 
   static void write_config(ckpt::writer& w, const config& c) {
