@@ -79,6 +79,34 @@ snapshot take(Opt& opt, const trainer& tr, const scenario& sc) {
 
 }  // namespace
 
+TEST_CASE("checkpoint CRC-32 is the standard one, in one piece or many") {
+  // The IEEE CRC-32 check value: crc32("123456789") = 0xCBF43926. Files written before the
+  // table-per-byte CRC became slicing-by-8 must still verify, so both must give the same value.
+  const unsigned char check[] = {'1', '2', '3', '4', '5', '6', '7', '8', '9'};
+  CHECK(ckpt::crc32(check, 9) == 0xCBF43926u);
+  CHECK(ckpt::crc32(check, 0) == 0u);
+  // a bitwise reference over a buffer of every length up to 64, fed in uneven pieces
+  std::vector<unsigned char> data(64);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 37 + 11);
+  for (std::size_t n = 0; n <= data.size(); ++n) {
+    std::uint32_t ref = 0xffffffffu;
+    for (std::size_t i = 0; i < n; ++i) {
+      ref ^= data[i];
+      for (int k = 0; k < 8; ++k) ref = (ref & 1) ? 0xedb88320u ^ (ref >> 1) : ref >> 1;
+    }
+    ref ^= 0xffffffffu;
+    CAPTURE(n);
+    CHECK(ckpt::crc32(data.data(), n) == ref);
+    std::uint32_t c = ckpt::crc32_init;
+    for (std::size_t at = 0; at < n;) {
+      const std::size_t m = std::min<std::size_t>(n - at, 1 + at % 11);
+      c = ckpt::crc32_update(c, data.data() + at, m);
+      at += m;
+    }
+    CHECK(ckpt::crc32_final(c) == ref);
+  }
+}
+
 TEST_CASE("checkpoint: resume is bit-exact, wherever the run is saved") {
   const std::string path = temp_path("resume.zfckpt");
   const std::uint64_t seeds = full_or_quick<std::uint64_t>(40, 10);
