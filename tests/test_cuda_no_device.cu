@@ -54,6 +54,19 @@ TEST_CASE("cuda_space without a GPU: initialize() throws a clear cuda_error and 
   CHECK_THROWS_AS(opt.initialize(), cuda_error);
 }
 
+TEST_CASE("any_optimizer on cuda_space: the stream is the space's, and no GPU is the same clear error") {
+  std::vector<float> w(64), g(64);
+  for (const char* kind : {"zenflow", "zero_offload", "device_adam"}) {
+    CAPTURE(kind);
+    any_optimizer opt = any_optimizer::create<cuda_space>(kind, config{});
+    opt.add_matrix({w.data(), g.data(), 8, 8});
+    cudaStream_t stream = nullptr;  // the legacy default stream, passed through as void*
+    CHECK_THROWS_WITH_AS(opt.initialize(static_cast<void*>(stream)), doctest::Contains("cuda_space needs a CUDA GPU"),
+                         cuda_error);
+    CHECK_FALSE(opt.initialized());
+  }
+}
+
 TEST_CASE("cuda memory without a GPU: allocation throws cuda_error naming the call") {
   try {
     device_array<float> a(1024);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "adamw.hpp"
+#include "any_optimizer.hpp"
 #include "checkpoint.hpp"
 #include "config.hpp"
 #include "numeric.hpp"

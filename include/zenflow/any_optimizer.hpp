@@ -1,0 +1,187 @@
+// zenflow::any_optimizer: one runtime type for every optimizer, so that a trainer can pick ZenFlow,
+// ZeRO-Offload or plain AdamW from a command-line flag or a config file and hold the result in one
+// variable. The same member functions as zenflow::optimizer; one virtual call each (nothing per
+// element), the optimizer itself unchanged behind it.
+//
+//   auto opt = zenflow::any_optimizer::create(flag, cfg);  // "zenflow", "zero_offload" or "device_adam"
+//   opt.add_matrix(...); opt.initialize(); opt.step();
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "optimizer.hpp"
+
+namespace zenflow {
+
+enum class optimizer_kind : std::uint8_t {
+  zenflow = 0,       // zenflow::optimizer<Space>: the paper's system
+  zero_offload = 1,  // zenflow::zero_offload<Space>: every column on the host, every step
+  device_adam = 2,   // zenflow::device_adam<Space>: plain AdamW where the model trains
+};
+
+constexpr std::string_view name_of(optimizer_kind k) noexcept {
+  switch (k) {
+    case optimizer_kind::zenflow: return "zenflow";
+    case optimizer_kind::zero_offload: return "zero_offload";
+    case optimizer_kind::device_adam: return "device_adam";
+  }
+  return "?";
+}
+
+// The kind a name stands for; anything else throws std::invalid_argument listing the names.
+inline optimizer_kind parse_optimizer_kind(std::string_view name) {
+  for (optimizer_kind k : {optimizer_kind::zenflow, optimizer_kind::zero_offload, optimizer_kind::device_adam})
+    if (name == name_of(k)) return k;
+  throw std::invalid_argument("zenflow: unknown optimizer '" + std::string(name) +
+                              "' (one of: zenflow, zero_offload, device_adam)");
+}
+
+class any_optimizer {
+ public:
+  // One of the three built-in optimizers on Space (cuda_space from <zenflow/cuda.hpp>).
+  template <class Space = host_space>
+  static any_optimizer create(optimizer_kind kind, const config& cfg) {
+    switch (kind) {
+      case optimizer_kind::zenflow: return make<optimizer<Space>>(name_of(kind), cfg);
+      case optimizer_kind::zero_offload: return make<zero_offload<Space>>(name_of(kind), cfg);
+      case optimizer_kind::device_adam: return make<device_adam<Space>>(name_of(kind), cfg);
+    }
+    throw std::invalid_argument("zenflow: unknown optimizer kind " + std::to_string(int(kind)));
+  }
+  template <class Space = host_space>
+  static any_optimizer create(std::string_view kind, const config& cfg) {
+    return create<Space>(parse_optimizer_kind(kind), cfg);
+  }
+  // Any optimizer type (one's own policies), constructed in place from args; `name` is what
+  // name() reports.
+  template <class Opt, class... Args>
+  static any_optimizer make(std::string_view name, Args&&... args) {
+    any_optimizer a;
+    a.p_ = std::make_unique<model<Opt>>(std::forward<Args>(args)...);
+    a.name_ = std::string(name);
+    return a;
+  }
+
+  any_optimizer(any_optimizer&&) noexcept = default;
+  any_optimizer& operator=(any_optimizer&&) noexcept = default;
+  ~any_optimizer() = default;
+
+  std::string_view name() const noexcept { return name_; }
+
+  matrix_id add_matrix(const matrix_param& p) { return p_->add_matrix(p); }
+  vector_id add_vector(const vector_param& p) { return p_->add_vector(p); }
+  void initialize() { p_->initialize(nullptr); }
+  // With the space's stream (a cudaStream_t on cuda_space, passed as void*); a space without
+  // streams (host_space) takes only nullptr.
+  void initialize(void* stream) { p_->initialize(stream); }
+  step_info step(float grad_scale = 1.0f) { return p_->step(nullptr, grad_scale); }
+  step_info step(void* stream, float grad_scale = 1.0f) { return p_->step(stream, grad_scale); }
+  void synchronize() { p_->synchronize(); }
+  void set_lr(float lr) { p_->set_lr(lr); }
+  float lr() const noexcept { return p_->lr(); }
+  const config& get_config() const noexcept { return p_->get_config(); }
+  bool initialized() const noexcept { return p_->initialized(); }
+  std::uint64_t applied_steps() const noexcept { return p_->applied_steps(); }
+  optimizer_stats stats() const { return p_->stats(); }
+
+  void copy_master(matrix_id m, float* out) { p_->copy_master(m, out); }
+  void copy_exp_avg(matrix_id m, float* out) { p_->copy_exp_avg(m, out); }
+  void copy_exp_avg_sq(matrix_id m, float* out) { p_->copy_exp_avg_sq(m, out); }
+  std::vector<std::uint32_t> column_counts(matrix_id m) { return p_->column_counts(m); }
+  std::vector<std::uint32_t> selected_columns(matrix_id m) const { return p_->selected_columns(m); }
+  void copy_vector_master(vector_id v, float* out) { p_->copy_vector_master(v, out); }
+
+  void save(const std::string& path) { p_->save(path); }
+  void load(const std::string& path) { p_->load(path); }
+  void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
+    p_->load_image(data, size, name);
+  }
+
+ private:
+  any_optimizer() = default;
+
+  struct iface {
+    virtual ~iface() = default;
+    virtual matrix_id add_matrix(const matrix_param&) = 0;
+    virtual vector_id add_vector(const vector_param&) = 0;
+    virtual void initialize(void* stream) = 0;
+    virtual step_info step(void* stream, float grad_scale) = 0;
+    virtual void synchronize() = 0;
+    virtual void set_lr(float) = 0;
+    virtual float lr() const noexcept = 0;
+    virtual const config& get_config() const noexcept = 0;
+    virtual bool initialized() const noexcept = 0;
+    virtual std::uint64_t applied_steps() const noexcept = 0;
+    virtual optimizer_stats stats() const = 0;
+    virtual void copy_master(matrix_id, float*) = 0;
+    virtual void copy_exp_avg(matrix_id, float*) = 0;
+    virtual void copy_exp_avg_sq(matrix_id, float*) = 0;
+    virtual std::vector<std::uint32_t> column_counts(matrix_id) = 0;
+    virtual std::vector<std::uint32_t> selected_columns(matrix_id) const = 0;
+    virtual void copy_vector_master(vector_id, float*) = 0;
+    virtual void save(const std::string&) = 0;
+    virtual void load(const std::string&) = 0;
+    virtual void load_image(const void*, std::size_t, const std::string&) = 0;
+  };
+
+  template <class Opt>
+  struct model final : iface {
+    template <class... Args>
+    explicit model(Args&&... args) : o(std::forward<Args>(args)...) {}
+    Opt o;
+
+    using stream_type = std::remove_reference_t<decltype(o.space())>::stream_type;
+    // The space's stream from a void*: a pointer-like stream handle converts; a space without
+    // streams accepts only nullptr.
+    static bool with_stream(void* s, stream_type& out) {
+      if constexpr (std::is_pointer_v<stream_type>) {
+        out = static_cast<stream_type>(s);
+        return true;
+      } else {
+        if (s) throw std::invalid_argument("zenflow: this optimizer's space has no streams; pass no stream");
+        return false;
+      }
+    }
+
+    matrix_id add_matrix(const matrix_param& p) override { return o.add_matrix(p); }
+    vector_id add_vector(const vector_param& p) override { return o.add_vector(p); }
+    void initialize(void* s) override {
+      stream_type st{};
+      if (with_stream(s, st)) o.initialize(st);
+      else o.initialize();
+    }
+    step_info step(void* s, float grad_scale) override {
+      stream_type st{};
+      return with_stream(s, st) ? o.step(st, grad_scale) : o.step(grad_scale);
+    }
+    void synchronize() override { o.synchronize(); }
+    void set_lr(float lr) override { o.set_lr(lr); }
+    float lr() const noexcept override { return o.lr(); }
+    const config& get_config() const noexcept override { return o.get_config(); }
+    bool initialized() const noexcept override { return o.initialized(); }
+    std::uint64_t applied_steps() const noexcept override { return o.applied_steps(); }
+    optimizer_stats stats() const override { return o.stats(); }
+    void copy_master(matrix_id m, float* out) override { o.copy_master(m, out); }
+    void copy_exp_avg(matrix_id m, float* out) override { o.copy_exp_avg(m, out); }
+    void copy_exp_avg_sq(matrix_id m, float* out) override { o.copy_exp_avg_sq(m, out); }
+    std::vector<std::uint32_t> column_counts(matrix_id m) override { return o.column_counts(m); }
+    std::vector<std::uint32_t> selected_columns(matrix_id m) const override { return o.selected_columns(m); }
+    void copy_vector_master(vector_id v, float* out) override { o.copy_vector_master(v, out); }
+    void save(const std::string& path) override { o.save(path); }
+    void load(const std::string& path) override { o.load(path); }
+    void load_image(const void* d, std::size_t n, const std::string& name) override { o.load_image(d, n, name); }
+  };
+
+  std::unique_ptr<iface> p_;
+  std::string name_;
+};
+
+}  // namespace zenflow

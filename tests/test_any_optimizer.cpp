@@ -1,0 +1,145 @@
+// zenflow::any_optimizer: each kind, chosen by name at run time, gives the same bits and stats as
+// the concrete optimizer type it stands for, run in lockstep on the same gradients; its
+// checkpoints are the concrete type's; bad names and misuse are clear errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+using namespace zenflow;
+
+namespace {
+
+// The trainer's buffers: a bf16 row-major matrix, an fp32 column-contiguous one, a vector.
+struct buffers {
+  std::vector<bfloat16> w1, g1;
+  std::vector<float> w2, g2, b, gb;
+  buffers() : w1(12 * 20), g1(12 * 20), w2(6 * 10), g2(6 * 10), b(12), gb(12) {
+    for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = bfloat16(std::sin(float(i)) * 0.1f);
+    for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = std::cos(float(i)) * 0.1f;
+  }
+  template <class Opt>
+  void add_to(Opt& o) {
+    o.add_matrix(zenflow::matrix(w1.data(), g1.data(), rows{12}, cols{20}).row_major().dtypes(dtype::bf16, dtype::bf16));
+    o.add_matrix(zenflow::matrix(w2.data(), g2.data(), rows{6}, cols{10}));
+    o.add_vector(zenflow::vector(b.data(), gb.data(), b.size()));
+  }
+  void gradients(int s) {
+    for (std::size_t i = 0; i < g1.size(); ++i) g1[i] = bfloat16(std::sin(float(i * 3 + std::size_t(s) * 7)) * 0.01f);
+    for (std::size_t i = 0; i < g2.size(); ++i) g2[i] = std::cos(float(i * 5 + std::size_t(s))) * 0.01f;
+    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = std::sin(float(i + std::size_t(s) * 3)) * 0.01f;
+  }
+  bool operator==(const buffers& o) const {
+    return std::memcmp(w1.data(), o.w1.data(), 2 * w1.size()) == 0 && w2 == o.w2 && b == o.b;
+  }
+};
+
+config test_config() {
+  config c;
+  c.topk_ratio = 0.2;
+  c.update_interval = interval::every(2);
+  c.select_interval = interval::every(4);
+  c.full_warm_up_rounds = 1;
+  return c;
+}
+
+template <class Concrete>
+void lockstep(const char* kind) {
+  CAPTURE(kind);
+  buffers ba, bc;
+  any_optimizer a = any_optimizer::create(kind, test_config());
+  Concrete c(test_config());
+  CHECK(a.name() == kind);
+  ba.add_to(a);
+  bc.add_to(c);
+  a.initialize();
+  c.initialize();
+  for (int s = 0; s < 11; ++s) {
+    ba.gradients(s);
+    bc.gradients(s);
+    const step_info x = a.step(2.0f), y = c.step(2.0f);
+    REQUIRE(x.selection == y.selection);
+    REQUIRE(x.boundary == y.boundary);
+    REQUIRE(ba == bc);
+  }
+  a.synchronize();
+  c.synchronize();
+  CHECK(ba == bc);
+  const optimizer_stats sa = a.stats(), sc = c.stats();
+  CHECK(sa.steps == sc.steps);
+  CHECK(sa.selections == sc.selections);
+  CHECK(sa.host_updates == sc.host_updates);
+  CHECK(sa.bytes_to_host == sc.bytes_to_host);
+  CHECK(sa.bytes_to_device == sc.bytes_to_device);
+  std::vector<float> ma(60), mc(60);
+  a.copy_master(matrix_id{1}, ma.data());
+  c.copy_master(matrix_id{1}, mc.data());
+  CHECK(ma == mc);
+  CHECK(a.selected_columns(matrix_id{0}) == c.selected_columns(matrix_id{0}));
+  CHECK(a.get_config().topk_ratio == c.get_config().topk_ratio);  // the kind's adjusted config
+}
+
+}  // namespace
+
+TEST_CASE("any_optimizer: each kind gives the concrete type's bits and stats") {
+  lockstep<optimizer<>>("zenflow");
+  lockstep<zero_offload<>>("zero_offload");
+  lockstep<device_adam<>>("device_adam");
+}
+
+TEST_CASE("any_optimizer: checkpoints are the concrete type's, both ways") {
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/any.zfckpt";
+  buffers b1, b2;
+  any_optimizer a = any_optimizer::create(optimizer_kind::zenflow, test_config());
+  b1.add_to(a);
+  a.initialize();
+  for (int s = 0; s < 5; ++s) {
+    b1.gradients(s);
+    a.step();
+  }
+  a.save(path);
+  optimizer<> c(test_config());
+  b2.add_to(c);
+  c.initialize();
+  c.load(path);
+  CHECK(b1 == b2);
+  for (int s = 5; s < 9; ++s) {  // and they go on in lockstep
+    b1.gradients(s);
+    b2.gradients(s);
+    a.step();
+    c.step();
+  }
+  a.synchronize();
+  c.synchronize();
+  CHECK(b1 == b2);
+  CHECK(a.applied_steps() == 9);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("any_optimizer: bad names and misuse are clear errors") {
+  CHECK_THROWS_WITH_AS(any_optimizer::create("adam", config{}),
+                       "zenflow: unknown optimizer 'adam' (one of: zenflow, zero_offload, device_adam)",
+                       std::invalid_argument);
+  CHECK(parse_optimizer_kind("zero_offload") == optimizer_kind::zero_offload);
+  config bad;
+  bad.topk_ratio = 2;
+  CHECK_THROWS_AS(any_optimizer::create("zenflow", bad), config_error);
+  buffers b;
+  any_optimizer a = any_optimizer::create("device_adam", config{});
+  b.add_to(a);
+  int not_a_stream = 0;
+  CHECK_THROWS_WITH_AS(a.initialize(&not_a_stream), "zenflow: this optimizer's space has no streams; pass no stream",
+                       std::invalid_argument);
+  CHECK_FALSE(a.initialized());
+  a.initialize();
+  CHECK_THROWS_WITH_AS(a.copy_master(matrix_id{5}, nullptr), "zenflow: no matrix 5", std::invalid_argument);
+  // a custom combination of policies, by type
+  any_optimizer s = any_optimizer::make<optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator,
+                                                  host_copy, synchronous>>("zenflow-synchronous", test_config());
+  CHECK(s.name() == "zenflow-synchronous");
+}
