@@ -33,6 +33,7 @@ run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" 
     ${cuda_args})
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
+run("${WORK_DIR}/build/consumer_c")
 if(WITH_CUDA)
   run("${WORK_DIR}/build/consumer_cuda")
 endif()
@@ -52,3 +53,4 @@ run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-s
     -DCMAKE_BUILD_TYPE=Release)
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build-subdir")
 run("${WORK_DIR}/build-subdir/consumer")
+run("${WORK_DIR}/build-subdir/consumer_c")

@@ -138,7 +138,7 @@ class any_optimizer {
     explicit model(Args&&... args) : o(std::forward<Args>(args)...) {}
     Opt o;
 
-    using stream_type = std::remove_reference_t<decltype(o.space())>::stream_type;
+    using stream_type = typename std::remove_reference_t<decltype(o.space())>::stream_type;
     // The space's stream from a void*: a pointer-like stream handle converts; a space without
     // streams accepts only nullptr.
     static bool with_stream(void* s, stream_type& out) {

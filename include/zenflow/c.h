@@ -1,0 +1,89 @@
+/* zenflow's C API: the optimizer for trainers written in C (or any language with a C FFI),
+ * on the host space. An opaque handle created from a kind and a JSON config; every call returns a
+ * status code and never throws or aborts; the message of the last failing call on the calling
+ * thread is zf_last_error(). Link the zenflow::c library (CMake), or compile
+ * <zenflow/c_impl.hpp> into one C++ file of your own. C11 and C++.
+ *
+ *   zf_optimizer* opt;
+ *   if (zf_create("zenflow", NULL, &opt) != ZF_OK) { fprintf(stderr, "%s\n", zf_last_error()); ... }
+ *   zf_add_matrix(opt, w, dw, out, in, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL);
+ *   zf_initialize(opt);
+ *   for (...) { forward_backward(); zf_step(opt, 1.0f, NULL); }
+ *   zf_destroy(opt);
+ */
+#ifndef ZENFLOW_C_H
+#define ZENFLOW_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zf_optimizer zf_optimizer;
+
+typedef enum zf_status {
+  ZF_OK = 0,
+  ZF_INVALID_ARGUMENT = 1, /* a bad argument, config value or registration, or a call out of order */
+  ZF_CHECKPOINT_ERROR = 2, /* a checkpoint that is unreadable, corrupt or not this optimizer's */
+  ZF_IO_ERROR = 3,         /* saving failed (disk full, no such directory; nothing changed), or another runtime error */
+  ZF_OUT_OF_MEMORY = 4,
+  ZF_UNUSABLE = 5,         /* a step failed midway: only zf_load (or zf_destroy) until a load succeeds */
+  ZF_INTERNAL_ERROR = 6    /* anything else; the message says what */
+} zf_status;
+
+/* Element types of params and grads, and matrix layouts (the values of zenflow::dtype and
+ * zenflow::matrix_layout). The functions take them as int, so that any value a caller passes is
+ * checked (an unknown one is ZF_INVALID_ARGUMENT), not undefined. */
+typedef enum zf_dtype { ZF_F32 = 0, ZF_BF16 = 1, ZF_F16 = 2 } zf_dtype;
+typedef enum zf_layout {
+  ZF_COLUMN_CONTIGUOUS = 0, /* [cols][rows]: a column is contiguous */
+  ZF_ROW_MAJOR = 1          /* [rows][cols]: PyTorch's and llm.c's [out][in] weights */
+} zf_layout;
+
+typedef struct zf_stats {
+  uint64_t steps, skipped_steps, selections, host_updates, bytes_to_host, bytes_to_device;
+  double stall_seconds, host_update_seconds;
+  uint64_t host_pageable_bytes, host_pinned_bytes, device_bytes;
+} zf_stats;
+
+/* kind: "zenflow", "zero_offload" or "device_adam". config_json: NULL for the defaults, the
+ * "zenflow" block of a DeepSpeed config ({"topk_ratio": 0.1, "update_interval": 4, ...}), or a
+ * whole DeepSpeed config (an object with "zero_optimization"; its optimizer.params give lr,
+ * betas, eps and weight_decay). On success *out is the new handle; on failure *out is NULL. */
+zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out);
+/* Releases everything (waits for a host update in flight). NULL is allowed. */
+void zf_destroy(zf_optimizer* opt);
+
+/* Registration, before zf_initialize. rows = output features, cols = input features (a column is
+ * what ZenFlow selects). *id_out (may be NULL) receives the matrix's or vector's index, each
+ * counted from 0 in its own sequence. */
+zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t rows, size_t cols,
+                        int param_type, int grad_type, int layout, size_t* id_out);
+zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t n, int param_type, int grad_type,
+                        size_t* id_out);
+zf_status zf_initialize(zf_optimizer* opt);
+
+/* One step with the gradients now in the grad buffers, which hold the loss scaled by grad_scale.
+ * *applied (may be NULL) is 1 if the step was applied, 0 if skipped (a non-finite or overflowing
+ * gradient: nothing changed). */
+zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied);
+zf_status zf_synchronize(zf_optimizer* opt);
+zf_status zf_set_lr(zf_optimizer* opt, float lr);
+zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out);
+/* The fp32 master of matrix `id`, column after column ([cols][rows]), into out (rows*cols floats). */
+zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out);
+
+zf_status zf_save(zf_optimizer* opt, const char* path);
+zf_status zf_load(zf_optimizer* opt, const char* path);
+
+/* The message of the last call on this thread that did not return ZF_OK ("" if none yet). Valid
+ * until the next failing call on this thread. */
+const char* zf_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZENFLOW_C_H */

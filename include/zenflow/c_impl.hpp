@@ -1,0 +1,170 @@
+// The definitions of zenflow's C API (<zenflow/c.h>): compile this header into exactly one C++
+// file (the zenflow::c library does; without CMake, include it in a .cpp of your own). Each
+// function catches every exception and turns it into a status code and a thread-local message.
+#pragma once
+
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "any_optimizer.hpp"
+#include "c.h"
+#include "config.hpp"
+
+struct zf_optimizer {
+  zenflow::any_optimizer opt;
+};
+
+namespace zenflow::c_api {
+
+inline std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+inline zf_status fail(zf_status s, const std::string& what) {
+  last_error() = what;
+  return s;
+}
+
+// f() with every exception mapped to a status (the most specific type first).
+template <class F>
+zf_status guarded(F&& f) noexcept {
+  try {
+    f();
+    return ZF_OK;
+  } catch (const checkpoint_error& e) {
+    return fail(ZF_CHECKPOINT_ERROR, e.what());
+  } catch (const std::invalid_argument& e) {  // config_error and argument checks
+    return fail(ZF_INVALID_ARGUMENT, e.what());
+  } catch (const std::logic_error& e) {  // refusing work after a failed step
+    return fail(ZF_UNUSABLE, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(ZF_OUT_OF_MEMORY, "zenflow: out of memory");
+  } catch (const std::runtime_error& e) {  // I/O
+    return fail(ZF_IO_ERROR, e.what());
+  } catch (const std::exception& e) {
+    return fail(ZF_INTERNAL_ERROR, e.what());
+  } catch (...) {
+    return fail(ZF_INTERNAL_ERROR, "zenflow: an unknown exception");
+  }
+}
+
+inline bool valid_dtype(int t) { return t == ZF_F32 || t == ZF_BF16 || t == ZF_F16; }
+
+inline config config_of(const char* text) {
+  if (!text) return config{};
+  const detail::json::value doc = detail::json_parse(text);
+  if (doc.type == detail::json::kind::object && doc.find("zero_optimization")) return config_from_deepspeed_json(text);
+  return config_from_json(text);
+}
+
+}  // namespace zenflow::c_api
+
+#define ZF_C_HANDLE(opt)                                                                \
+  if (!(opt)) return ::zenflow::c_api::fail(ZF_INVALID_ARGUMENT, "zenflow: the optimizer handle is NULL")
+
+extern "C" {
+
+zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out) {
+  using namespace zenflow::c_api;
+  if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create: out is NULL");
+  *out = nullptr;
+  if (!kind) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create: kind is NULL");
+  return guarded([&] {
+    *out = new zf_optimizer{zenflow::any_optimizer::create(kind, config_of(config_json))};
+  });
+}
+
+void zf_destroy(zf_optimizer* opt) { delete opt; }  // ~optimizer never throws
+
+zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t rows, size_t cols, int param_type,
+                        int grad_type, int layout, size_t* id_out) {
+  using namespace zenflow::c_api;
+  ZF_C_HANDLE(opt);
+  if (!valid_dtype(param_type) || !valid_dtype(grad_type)) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_add_matrix: unknown dtype");
+  if (layout != ZF_COLUMN_CONTIGUOUS && layout != ZF_ROW_MAJOR)
+    return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_add_matrix: unknown layout");
+  return guarded([&] {
+    const zenflow::matrix_param p = zenflow::matrix(param, grad, zenflow::rows{rows}, zenflow::cols{cols})
+                                        .with_layout(zenflow::matrix_layout(layout))
+                                        .dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type));
+    const zenflow::matrix_id id = opt->opt.add_matrix(p);
+    if (id_out) *id_out = id.index();
+  });
+}
+
+zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t n, int param_type, int grad_type,
+                        size_t* id_out) {
+  using namespace zenflow::c_api;
+  ZF_C_HANDLE(opt);
+  if (!valid_dtype(param_type) || !valid_dtype(grad_type)) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_add_vector: unknown dtype");
+  return guarded([&] {
+    const zenflow::vector_id id =
+        opt->opt.add_vector(zenflow::vector(param, grad, n).dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type)));
+    if (id_out) *id_out = id.index();
+  });
+}
+
+zf_status zf_initialize(zf_optimizer* opt) {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded([&] { opt->opt.initialize(); });
+}
+
+zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded([&] {
+    const zenflow::step_info info = opt->opt.step(grad_scale);
+    if (applied) *applied = info.skipped ? 0 : 1;
+  });
+}
+
+zf_status zf_synchronize(zf_optimizer* opt) {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded([&] { opt->opt.synchronize(); });
+}
+
+zf_status zf_set_lr(zf_optimizer* opt, float lr) {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded([&] { opt->opt.set_lr(lr); });
+}
+
+zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out) {
+  using namespace zenflow::c_api;
+  ZF_C_HANDLE(opt);
+  if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_stats_get: out is NULL");
+  return guarded([&] {
+    const zenflow::optimizer_stats s = opt->opt.stats();
+    *out = zf_stats{s.steps,         s.skipped_steps,       s.selections,          s.host_updates,
+                    s.bytes_to_host, s.bytes_to_device,     s.stall_seconds,       s.host_update_seconds,
+                    s.host_pageable_bytes, s.host_pinned_bytes, s.device_bytes};
+  });
+}
+
+zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out) {
+  using namespace zenflow::c_api;
+  ZF_C_HANDLE(opt);
+  if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_copy_master: out is NULL");
+  return guarded([&] { opt->opt.copy_master(zenflow::matrix_id{id}, out); });
+}
+
+zf_status zf_save(zf_optimizer* opt, const char* path) {
+  using namespace zenflow::c_api;
+  ZF_C_HANDLE(opt);
+  if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_save: path is NULL");
+  return guarded([&] { opt->opt.save(path); });
+}
+
+zf_status zf_load(zf_optimizer* opt, const char* path) {
+  using namespace zenflow::c_api;
+  ZF_C_HANDLE(opt);
+  if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_load: path is NULL");
+  return guarded([&] { opt->opt.load(path); });
+}
+
+const char* zf_last_error(void) { return zenflow::c_api::last_error().c_str(); }
+
+}  // extern "C"
+
+#undef ZF_C_HANDLE
