@@ -15,7 +15,7 @@ struct layer {  // the trainer's own buffers; w and dw are [out][in], as in PyTo
 
 void train(std::vector<layer>& layers, int steps, void (*forward_backward)(std::vector<layer>&)) {
   using zenflow::dtype;
-  zenflow::config cfg;  // topk_ratio 0.1, update_interval 4, overlap on
+  zenflow::config cfg;  // topk_ratio 0.1, update_interval 4, overlap on; AdamW weight_decay 0.01
   cfg.adam.lr = 1e-4f;
   zenflow::optimizer<> opt(cfg);  // the host space: the "device" runs on host threads
   for (layer& l : layers) {

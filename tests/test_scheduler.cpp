@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -190,4 +192,57 @@ TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buff
   }
   opt.synchronize();
   CHECK(w == w_ref);  // bit for bit what the inline run computed from the same gradients
+}
+
+TEST_CASE("copy_params_synchronized: what synchronize() would show, without changing the run") {
+  // Three identical overlapped runs: A reads its params "as synchronized" mid-window, B calls
+  // synchronize() at the same point and reads its params, C does neither. A's copy equals B's
+  // params; A ends bit-identical to C (B does not have to: its update landed a window early).
+  const std::size_t R1 = 8, C1 = 20, R2 = 6, C2 = 10;
+  struct run {
+    std::vector<bfloat16> w1, g1;  // row-major bf16
+    std::vector<float> w2, g2;     // column-contiguous fp32
+    optimizer<> opt;
+    explicit run(const config& cfg) : w1(R1 * C1), g1(R1 * C1), w2(R2 * C2), g2(R2 * C2), opt(cfg) {
+      for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = bfloat16(0.01f * float(i % 13));
+      for (std::size_t i = 0; i < w2.size(); ++i) w2[i] = 0.02f * float(i % 7);
+      opt.add_matrix(zenflow::matrix(w1.data(), g1.data(), rows{R1}, cols{C1}).row_major().dtypes(dtype::bf16, dtype::bf16));
+      opt.add_matrix(zenflow::matrix(w2.data(), g2.data(), rows{R2}, cols{C2}));
+      opt.initialize();
+    }
+    void step(int t) {
+      for (std::size_t i = 0; i < g1.size(); ++i) g1[i] = bfloat16(std::sin(float(i * 3 + std::size_t(t))) * 0.01f);
+      for (std::size_t i = 0; i < g2.size(); ++i) g2[i] = std::cos(float(i + std::size_t(t) * 5)) * 0.01f;
+      opt.step();
+    }
+  };
+  config cfg;
+  cfg.topk_ratio = 0.2;
+  cfg.update_interval = interval::every(2);
+  cfg.select_interval = interval::every(4);
+  cfg.overlap_step = true;
+  run a(cfg), b(cfg), c(cfg);
+  for (int t = 0; t < 7; ++t) {  // t = 7 applied steps: a boundary at 6 left its update in flight
+    a.step(t);
+    b.step(t);
+    c.step(t);
+  }
+  std::vector<bfloat16> s1(R1 * C1);
+  std::vector<float> s2(R2 * C2);
+  const std::vector<bfloat16> visible1 = a.w1;
+  a.opt.copy_params_synchronized(matrix_id{0}, s1.data());
+  a.opt.copy_params_synchronized(matrix_id{1}, s2.data());
+  CHECK(std::memcmp(a.w1.data(), visible1.data(), 2 * s1.size()) == 0);  // nothing was applied to A's params
+  b.opt.synchronize();
+  CHECK(std::memcmp(s1.data(), b.w1.data(), 2 * s1.size()) == 0);
+  CHECK(s2 == b.w2);
+  CHECK(std::memcmp(s1.data(), visible1.data(), 2 * s1.size()) != 0);  // an update really was in flight
+  for (int t = 7; t < 15; ++t) {
+    a.step(t);
+    c.step(t);
+  }
+  a.opt.synchronize();
+  c.opt.synchronize();
+  CHECK(std::memcmp(a.w1.data(), c.w1.data(), 2 * a.w1.size()) == 0);
+  CHECK(a.w2 == c.w2);
 }

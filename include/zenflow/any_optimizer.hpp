@@ -98,6 +98,7 @@ class any_optimizer {
   std::vector<std::uint32_t> column_counts(matrix_id m) { return p_->column_counts(m); }
   std::vector<std::uint32_t> selected_columns(matrix_id m) const { return p_->selected_columns(m); }
   void copy_vector_master(vector_id v, float* out) { p_->copy_vector_master(v, out); }
+  void copy_params_synchronized(matrix_id m, void* out) { p_->copy_params_synchronized(m, out); }
 
   void save(const std::string& path) { p_->save(path); }
   void load(const std::string& path) { p_->load(path); }
@@ -127,6 +128,7 @@ class any_optimizer {
     virtual std::vector<std::uint32_t> column_counts(matrix_id) = 0;
     virtual std::vector<std::uint32_t> selected_columns(matrix_id) const = 0;
     virtual void copy_vector_master(vector_id, float*) = 0;
+    virtual void copy_params_synchronized(matrix_id, void*) = 0;
     virtual void save(const std::string&) = 0;
     virtual void load(const std::string&) = 0;
     virtual void load_image(const void*, std::size_t, const std::string&) = 0;
@@ -175,6 +177,7 @@ class any_optimizer {
     std::vector<std::uint32_t> column_counts(matrix_id m) override { return o.column_counts(m); }
     std::vector<std::uint32_t> selected_columns(matrix_id m) const override { return o.selected_columns(m); }
     void copy_vector_master(vector_id v, float* out) override { o.copy_vector_master(v, out); }
+    void copy_params_synchronized(matrix_id m, void* out) override { o.copy_params_synchronized(m, out); }
     void save(const std::string& path) override { o.save(path); }
     void load(const std::string& path) override { o.load(path); }
     void load_image(const void* d, std::size_t n, const std::string& name) override { o.load_image(d, n, name); }

@@ -232,6 +232,30 @@ class optimizer {
     check_matrix(matrix.index());
     return selected_[matrix.index()];
   }
+  // A matrix's params as synchronize() would leave them — rows*cols elements of its param dtype,
+  // in its registered layout — without changing the run: a host update in flight is waited for
+  // (counted as stall) but not applied; it lands at the next boundary as it would have. For
+  // evaluating mid-run: synchronize() applies the update a window early, and the rest of the run
+  // then differs from one that never called it. (Vectors are updated on the device every step:
+  // their registered params are always current.)
+  void copy_params_synchronized(matrix_id id, void* out) {
+    const std::size_t i = id.index();
+    check_matrix(i);
+    check_usable();
+    enter();
+    quiesce();
+    const matrix_param& p = matrices_[i];
+    const std::size_t es = size_of(p.param_type);
+    space_.download(out, p.param, p.rows * p.cols * es);
+    if (!pending_) return;
+    // the host update's result for the unselected columns, staged [cols][rows] in the param dtype
+    const unsigned char* staged = host_.matrix(i).param_stage.data();
+    auto* o = static_cast<unsigned char*>(out);
+    for (const std::uint32_t c : unselected_[i])
+      for (std::size_t r = 0; r < p.rows; ++r)
+        std::memcpy(o + element_offset(p.layout, p.rows, p.cols, r, c) * es, staged + (std::size_t(c) * p.rows + r) * es,
+                    es);
+  }
   void copy_vector_master(vector_id id, float* out) {
     const std::size_t vec = id.index();
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
