@@ -170,3 +170,88 @@ TEST_CASE("bytes moved: a reselection that replaces every column swaps 12*rows+4
   CHECK(after.bytes_to_device - before.bytes_to_device == k * swap);
   CHECK(before.bytes_to_device == k * swap + R * (C - k) * 4);  // first selection + one host update
 }
+
+TEST_CASE("parameter groups: each tensor trains bit for bit as if alone with its group's lr and weight_decay") {
+  // Without clipping and with a fixed update interval, tensors interact only through the step's
+  // verdict (finite or not), so a tensor in a group must match the same tensor registered alone in
+  // an optimizer whose config holds the group's values (lr * lr_scale, weight_decay * scale).
+  const std::size_t R = 8, C = 30, V = 12;
+  config base;
+  base.topk_ratio = 0.2;
+  base.update_interval = interval::every(2);
+  base.select_interval = interval::every(4);
+  base.full_warm_up_rounds = 1;
+  base.adam.weight_decay = 0.1f;
+  auto init = [](std::vector<float>& x, float s) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = s * std::sin(float(i) * 0.37f + s);
+  };
+  std::vector<float> a(R * C), ga(R * C), b(R * C), gb(R * C), v(V), gv(V);
+  std::vector<float> a1(R * C), ga1(R * C), b1(R * C), gb1(R * C), v1(V), gv1(V);
+  init(a, 0.5f), init(b, 0.25f), init(v, 0.125f);
+  a1 = a, b1 = b, v1 = v;
+  optimizer<> together(base);
+  together.add_matrix(zenflow::matrix(a.data(), ga.data(), rows{R}, cols{C}).group(0.5f, 0.0f));
+  together.add_matrix(zenflow::matrix(b.data(), gb.data(), rows{R}, cols{C}).row_major());
+  together.add_vector(zenflow::vector(v.data(), gv.data(), V).no_weight_decay());
+  config ca = base, cv = base;
+  ca.adam.lr = base.adam.lr * 0.5f;
+  ca.adam.weight_decay = 0.0f;
+  cv.adam.weight_decay = 0.0f;
+  optimizer<> alone_a(ca), alone_b(base), alone_v(cv);
+  alone_a.add_matrix(zenflow::matrix(a1.data(), ga1.data(), rows{R}, cols{C}));
+  alone_b.add_matrix(zenflow::matrix(b1.data(), gb1.data(), rows{R}, cols{C}).row_major());
+  alone_v.add_vector(zenflow::vector(v1.data(), gv1.data(), V));
+  together.initialize();
+  alone_a.initialize();
+  alone_b.initialize();
+  alone_v.initialize();
+  for (int t = 0; t < 13; ++t) {
+    for (std::size_t i = 0; i < ga.size(); ++i) {
+      ga[i] = ga1[i] = std::sin(float(i * 5 + std::size_t(t) * 3)) * 0.02f;
+      gb[i] = gb1[i] = std::cos(float(i * 3 + std::size_t(t))) * 0.02f;
+    }
+    for (std::size_t i = 0; i < V; ++i) gv[i] = gv1[i] = std::sin(float(i + std::size_t(t) * 7)) * 0.02f;
+    together.step();
+    alone_a.step();
+    alone_b.step();
+    alone_v.step();
+  }
+  for (auto* o : {&together, &alone_a, &alone_b}) o->synchronize();
+  alone_v.synchronize();
+  CHECK(a == a1);
+  CHECK(b == b1);
+  CHECK(v == v1);
+  // and the groups mattered: the default group's run differs
+  std::vector<float> d(R * C), gd(R * C);
+  init(d, 0.5f);
+  optimizer<> plain(base);
+  plain.add_matrix(zenflow::matrix(d.data(), gd.data(), rows{R}, cols{C}));
+  plain.initialize();
+  for (int t = 0; t < 13; ++t) {
+    for (std::size_t i = 0; i < gd.size(); ++i) gd[i] = std::sin(float(i * 5 + std::size_t(t) * 3)) * 0.02f;
+    plain.step();
+  }
+  plain.synchronize();
+  CHECK(d != a);
+}
+
+TEST_CASE("parameter groups: scales are checked at registration and by set_lr") {
+  std::vector<float> w(64), g(64), b(8), gb(8);
+  config cfg;
+  cfg.adam.lr = 0.1f;
+  optimizer<> opt(cfg);
+  auto m = zenflow::matrix(w.data(), g.data(), rows{8}, cols{8});
+  CHECK_THROWS_WITH_AS(opt.add_matrix(m.group(-1.0f, 1.0f)), "zenflow: matrix 0: lr_scale must be finite and >= 0, got -1",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add_matrix(m.group(1.0f, NAN)),
+                       "zenflow: matrix 0: weight_decay_scale must be finite and >= 0, got nan", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add_matrix(m.group(20.0f, 1.0f)),
+                       "zenflow: matrix 0: lr 0.1 times lr_scale 20 must be at most 1", std::invalid_argument);
+  opt.add_matrix(m.group(8.0f, 1.0f));  // lr 0.8
+  opt.add_vector(zenflow::vector(b.data(), gb.data(), 8).no_weight_decay());
+  CHECK_THROWS_WITH_AS(opt.set_lr(0.2f), "zenflow: matrix 0: lr 0.2 times lr_scale 8 must be at most 1",
+                       std::invalid_argument);
+  CHECK(opt.lr() == 0.1f);  // unchanged
+  opt.set_lr(0.125f);       // 0.125 * 8 = 1: allowed
+  CHECK(opt.lr() == 0.125f);
+}

@@ -26,6 +26,14 @@ struct adamw_hyper {
   friend constexpr bool operator==(const adamw_hyper&, const adamw_hyper&) = default;
 };
 
+// The hyperparameters of one parameter group: the optimizer's lr and weight_decay times the
+// tensor's scales (1 and 1 leave them exact: the default group is the config itself).
+constexpr adamw_hyper group_hyper(adamw_hyper h, float lr_scale, float weight_decay_scale) noexcept {
+  h.lr *= lr_scale;
+  h.weight_decay *= weight_decay_scale;
+  return h;
+}
+
 // The scalars of one update with Adam count n (the count after incrementing, n >= 1). F is
 // float, or a SIMD batch holding the same value in every lane.
 template <class F>

@@ -93,6 +93,7 @@ class optimizer {
   matrix_id add_matrix(const matrix_param& p) {
     const std::string who = "matrix " + std::to_string(matrices_.size());
     check_registration(who);
+    detail::check_group(who, cfg_.adam, p.lr_scale, p.weight_decay_scale);
     buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_matrix_elements(who, p));
     matrices_.push_back(p);
     return matrix_id{matrices_.size() - 1};
@@ -100,6 +101,7 @@ class optimizer {
   vector_id add_vector(const vector_param& p) {
     const std::string who = "vector " + std::to_string(vectors_.size());
     check_registration(who);
+    detail::check_group(who, cfg_.adam, p.lr_scale, p.weight_decay_scale);
     buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_vector_elements(who, p));
     vectors_.push_back(p);
     return vector_id{vectors_.size() - 1};
@@ -175,7 +177,11 @@ class optimizer {
     if (!(std::isfinite(lr) && lr >= 0)) fail("lr must be finite and >= 0, got " + detail::exact(lr));
     config c = cfg_;
     c.adam.lr = lr;
-    c.validate();  // the bounds that involve lr
+    c.validate();  // the bounds that involve lr, for the config and every parameter group
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      detail::check_group("matrix " + std::to_string(i), c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
+    for (std::size_t i = 0; i < vectors_.size(); ++i)
+      detail::check_group("vector " + std::to_string(i), c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale);
     cfg_.adam.lr = lr;
   }
   float lr() const noexcept { return cfg_.adam.lr; }
@@ -410,6 +416,10 @@ class optimizer {
   void enter() {
     if constexpr (requires(Space& s) { s.activate(); }) space_.activate();
   }
+  // Matrix i's parameter group applied to the optimizer's hyperparameters.
+  adamw_hyper matrix_hyper(std::size_t i, const adamw_hyper& h) const noexcept {
+    return group_hyper(h, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
+  }
   void check_matrix(std::size_t m) const {
     if (!initialized_ || m >= matrices_.size()) fail("no matrix " + std::to_string(m));
   }
@@ -530,7 +540,7 @@ class optimizer {
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const auto& all = all_columns_[i];
       gather_grad(i, active_acc_, all.data(), all_dev(i), all.size(), factor);
-      host_.update(i, active_acc_, all.data(), all.size(), 1.0f, cfg_.adam);
+      host_.update(i, active_acc_, all.data(), all.size(), 1.0f, matrix_hyper(i, cfg_.adam));
       upload(i, all.data(), all_dev(i), all.size());
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
@@ -618,7 +628,7 @@ class optimizer {
       if (async_offload_) scheduler_.wait_offload_quiet();  // this window's last accumulation
       const auto t0 = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < matrices_.size(); ++i)
-        host_.update(i, which, unselected_[i].data(), unselected_[i].size(), div, hyper);
+        host_.update(i, which, unselected_[i].data(), unselected_[i].size(), div, matrix_hyper(i, hyper));
       const auto dt = std::chrono::steady_clock::now() - t0;
       host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
     };

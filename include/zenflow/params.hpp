@@ -44,6 +44,10 @@ struct matrix_param {
   dtype param_type = dtype::f32;
   dtype grad_type = dtype::f32;
   matrix_layout layout = matrix_layout::column_contiguous;
+  // Parameter group: this tensor's lr and weight_decay are the config's times these (0 for
+  // weight_decay_scale exempts it from decay, as trainers do for biases, norms and embeddings).
+  float lr_scale = 1.0f;
+  float weight_decay_scale = 1.0f;
 
   // Chained options: zenflow::matrix(w, dw, rows{4096}, cols{11008}).row_major().dtypes(bf16, bf16)
   constexpr matrix_param with_layout(matrix_layout l) const noexcept {
@@ -59,6 +63,13 @@ struct matrix_param {
     m.grad_type = grad;
     return m;
   }
+  constexpr matrix_param group(float lr_scale_, float weight_decay_scale_) const noexcept {
+    matrix_param m = *this;
+    m.lr_scale = lr_scale_;
+    m.weight_decay_scale = weight_decay_scale_;
+    return m;
+  }
+  constexpr matrix_param no_weight_decay() const noexcept { return group(lr_scale, 0.0f); }
 };
 
 // A matrix of r x c elements at param (its gradient at grad), fp32, column-contiguous unless a
@@ -78,6 +89,8 @@ struct vector_param {
   std::size_t n = 0;
   dtype param_type = dtype::f32;
   dtype grad_type = dtype::f32;
+  float lr_scale = 1.0f;            // parameter group, as for matrices
+  float weight_decay_scale = 1.0f;
 
   constexpr vector_param dtypes(dtype param, dtype grad) const noexcept {
     vector_param v = *this;
@@ -85,6 +98,13 @@ struct vector_param {
     v.grad_type = grad;
     return v;
   }
+  constexpr vector_param group(float lr_scale_, float weight_decay_scale_) const noexcept {
+    vector_param v = *this;
+    v.lr_scale = lr_scale_;
+    v.weight_decay_scale = weight_decay_scale_;
+    return v;
+  }
+  constexpr vector_param no_weight_decay() const noexcept { return group(lr_scale, 0.0f); }
 };
 
 // A vector (bias, norm weight) of n elements, fp32 unless .dtypes() says otherwise.

@@ -4,6 +4,7 @@
 // std::invalid_argument naming the parameter ("matrix 3: grad is null").
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -14,7 +15,9 @@
 #include <tuple>
 #include <vector>
 
+#include "../adamw.hpp"
 #include "../numeric.hpp"
+#include "format.hpp"
 #include "../params.hpp"
 
 namespace zenflow::detail {
@@ -39,6 +42,24 @@ inline std::size_t checked_vector_elements(const std::string& who, const vector_
   if (p.n > std::numeric_limits<std::size_t>::max() / 16)
     invalid(who + ": n = " + std::to_string(p.n) + " elements cannot be held (its fp32 state alone overflows)");
   return p.n;
+}
+
+// A parameter group's scales, and the hyperparameters they make with the config's: finite,
+// non-negative, and within the config's own bounds (lr <= 1, weight_decay <= 10, their product
+// <= 1), so that no group's decoupled decay overshoots zero.
+inline void check_group(const std::string& who, const adamw_hyper& h, float lr_scale, float weight_decay_scale) {
+  if (!(std::isfinite(lr_scale) && lr_scale >= 0))
+    invalid(who + ": lr_scale must be finite and >= 0, got " + exact(lr_scale));
+  if (!(std::isfinite(weight_decay_scale) && weight_decay_scale >= 0))
+    invalid(who + ": weight_decay_scale must be finite and >= 0, got " + exact(weight_decay_scale));
+  const adamw_hyper g = group_hyper(h, lr_scale, weight_decay_scale);
+  if (!(g.lr <= 1))
+    invalid(who + ": lr " + exact(h.lr) + " times lr_scale " + exact(lr_scale) + " must be at most 1");
+  if (!(g.weight_decay <= 10))
+    invalid(who + ": weight_decay " + exact(h.weight_decay) + " times weight_decay_scale " + exact(weight_decay_scale) +
+            " must be at most 10");
+  if (double(g.lr) * double(g.weight_decay) > 1)
+    invalid(who + ": its lr (" + exact(g.lr) + ") times its weight_decay (" + exact(g.weight_decay) + ") must be at most 1");
 }
 
 // The memory of every registered param and grad, so that a new one overlapping any of them is

@@ -73,6 +73,7 @@ struct coeff_segment {
   std::uint32_t* counts;
   adamw_coeffs* coeffs;
   std::uint64_t slot0;
+  adamw_hyper hyper;  // the matrix's parameter group
 };
 
 struct grad_totals {
@@ -290,12 +291,12 @@ __global__ void __launch_bounds__(256) fold_partials(const double* __restrict__ 
 }
 
 template <int = 0>
-__global__ void slot_coeffs(const coeff_segment* segs, int nseg, std::uint64_t total, adamw_hyper hyper) {
+__global__ void slot_coeffs(const coeff_segment* segs, int nseg, std::uint64_t total) {
   const std::uint64_t x = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (x >= total) return;
   const coeff_segment& s = segs[find_segment(segs, nseg, x, [](const coeff_segment& c) { return c.slot0; })];
   const std::uint64_t k = x - s.slot0;
-  s.coeffs[k] = make_coeffs(hyper, s.counts[k] + 1u);
+  s.coeffs[k] = make_coeffs(s.hyper, s.counts[k] + 1u);
   s.counts[k] += 1u;
 }
 
@@ -513,7 +514,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     for (auto& s : matrices_) {
       if (s.active == 0) continue;
       const int b = s.cur;
-      cs[ncoeff++] = {s.counts[b].data(), s.coeffs.data(), slots};
+      cs[ncoeff++] = {s.counts[b].data(), s.coeffs.data(), slots,
+                      group_hyper(hyper, s.p.lr_scale, s.p.weight_decay_scale)};
       u[nseg++] = {s.p.param, s.p.grad, s.master[b].data(), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
                    s.columns[b].data(), s.coeffs.data(), adamw_coeffs{}, s.p.rows, s.p.cols, 0, blocks,
                    s.p.param_type, s.p.grad_type, s.p.layout};
@@ -522,7 +524,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     }
     for (auto& v : vectors_) {
       u[nseg++] = {v.p.param, v.p.grad, v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data(), nullptr, nullptr,
-                   make_coeffs(hyper, v.count + 1u), vector_chunk, 0, v.p.n, blocks,
+                   make_coeffs(group_hyper(hyper, v.p.lr_scale, v.p.weight_decay_scale), v.count + 1u),
+                   vector_chunk, 0, v.p.n, blocks,
                    v.p.param_type, v.p.grad_type, matrix_layout::column_contiguous};
       blocks += (v.p.n + vector_chunk - 1) / vector_chunk;
       ++v.count;
@@ -533,7 +536,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     if (ncoeff) {
       ZF_CUDA_TRY(cudaMemcpyAsync(coeff_segs_.data(), cs, ncoeff * sizeof(*cs), cudaMemcpyHostToDevice, stream_));
       cuda_kernels::slot_coeffs<<<cuda_kernels::blocks_for(slots, 256), 256, 0, stream_>>>(coeff_segs_.data(),
-                                                                                            int(ncoeff), slots, hyper);
+                                                                                            int(ncoeff), slots);
       ZF_CUDA_CHECK_LAUNCH("slot_coeffs");
     }
     ZF_CUDA_TRY(cudaMemcpyAsync(upd_segs_.data(), u, nseg * sizeof(*u), cudaMemcpyHostToDevice, stream_));

@@ -140,7 +140,8 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
                                            static_cast<P*>(s.p.param), static_cast<const G*>(s.p.grad),
                                            s.master[b].data(), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
                                            s.counts[b].data(), s.columns[b].data(), s.p.rows, s.p.cols,
-                                           s.p.layout, factor, hyper});
+                                           s.p.layout, factor,
+                                           group_hyper(hyper, s.p.lr_scale, s.p.weight_decay_scale)});
         });
       });
     }
@@ -152,7 +153,10 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
           space.parallel_for(v.sumsq.size(), device::vector_adamw_fn<P, G>{
                                                  static_cast<P*>(v.p.param), static_cast<const G*>(v.p.grad),
                                                  v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data(), v.p.n,
-                                                 vector_chunk, make_coeffs(hyper, v.count + 1u), factor});
+                                                 vector_chunk,
+                                                 make_coeffs(group_hyper(hyper, v.p.lr_scale, v.p.weight_decay_scale),
+                                                             v.count + 1u),
+                                                 factor});
         });
       });
       ++v.count;
