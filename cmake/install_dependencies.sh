@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing zenflow needs on Debian/Ubuntu, skipping what is there:
-# a C++20 compiler, CMake, Ninja, oneTBB, xsimd and doctest; with --fuzz also clang and its
+# a C++20 compiler, CMake, Ninja, make and pkg-config (the package test), oneTBB, xsimd and doctest; with --fuzz also clang and its
 # libFuzzer runtime. The CUDA toolkit is optional and not installed here (the host library
 # builds and tests without it).
 set -euo pipefail
-pkgs=(g++ cmake ninja-build libtbb-dev libxsimd-dev doctest-dev)
+pkgs=(g++ cmake ninja-build make pkg-config libtbb-dev libxsimd-dev doctest-dev)
 if [ "${1:-}" = "--fuzz" ]; then pkgs+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -34,6 +34,27 @@ run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" 
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
 run("${WORK_DIR}/build/consumer_c")
+
+# pkg-config: a Makefile builds the same consumers from zenflow.pc / zenflow-c.pc; the version
+# they report is the one version.hpp holds.
+find_program(PKG_CONFIG pkg-config REQUIRED)
+find_program(MAKE_PROGRAM make REQUIRED)
+file(GLOB pc_dirs "${prefix}/lib*/pkgconfig" "${prefix}/lib/*/pkgconfig")
+list(GET pc_dirs 0 pc_dir)
+set(ENV{PKG_CONFIG_PATH} "${pc_dir}")
+file(STRINGS "${SOURCE_DIR}/include/zenflow/version.hpp" vlines REGEX "^#define ZENFLOW_VERSION_(MAJOR|MINOR|PATCH) ")
+string(REGEX REPLACE ".*MAJOR ([0-9]+).*MINOR ([0-9]+).*PATCH ([0-9]+).*" "\\1.\\2.\\3" header_version "${vlines}")
+foreach(pc zenflow zenflow-c)
+  execute_process(COMMAND "${PKG_CONFIG}" --modversion ${pc} OUTPUT_VARIABLE pc_version RESULT_VARIABLE rc
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0 OR NOT pc_version STREQUAL header_version)
+    message(FATAL_ERROR "${pc}.pc version '${pc_version}' (rc ${rc}), version.hpp says '${header_version}'")
+  endif()
+endforeach()
+file(MAKE_DIRECTORY "${WORK_DIR}/make")
+run("${MAKE_PROGRAM}" -f "${SOURCE_DIR}/tests/consumer/Makefile" "OUT=${WORK_DIR}/make" "CXX=${CXX_COMPILER}")
+run("${WORK_DIR}/make/consumer_pc")
+run("${WORK_DIR}/make/consumer_c_pc")
 if(WITH_CUDA)
   run("${WORK_DIR}/build/consumer_cuda")
 endif()

@@ -12,6 +12,7 @@
 #include "host/kernels.hpp"
 #include "optimizer.hpp"
 #include "params.hpp"
+#include "version.hpp"
 
 namespace zenflow {
 inline constexpr int version_major = 0;
