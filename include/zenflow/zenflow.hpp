@@ -15,7 +15,7 @@
 #include "version.hpp"
 
 namespace zenflow {
-inline constexpr int version_major = 0;
-inline constexpr int version_minor = 1;
-inline constexpr int version_patch = 0;
+inline constexpr int version_major = ZENFLOW_VERSION_MAJOR;  // version.hpp's, as constants
+inline constexpr int version_minor = ZENFLOW_VERSION_MINOR;
+inline constexpr int version_patch = ZENFLOW_VERSION_PATCH;
 }  // namespace zenflow
