@@ -329,6 +329,11 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   CHECK_THROWS_WITH_AS(b.load_image(img.data(), img.size()),
                        doctest::Contains("an Adam count exceeds the applied steps"), checkpoint_error);
   CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
+  // a null image is an error, not a read through a null pointer
+  CHECK_THROWS_WITH_AS(b.load_image(nullptr, img.size()), doctest::Contains("the image is a null pointer"),
+                       checkpoint_error);
+  CHECK_THROWS_WITH_AS(b.load_image(nullptr, 0), doctest::Contains("bad magic"), checkpoint_error);
+  CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
   std::remove(path.c_str());
 }
 

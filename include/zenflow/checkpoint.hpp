@@ -253,7 +253,9 @@ class input {
 #endif
   }
   input(const void* data, std::size_t size, std::string name)
-      : name_(std::move(name)), mem_(static_cast<const unsigned char*>(data)), size_(size) {}
+      : name_(std::move(name)), mem_(static_cast<const unsigned char*>(data)), size_(size), memory_(true) {
+    if (!data && size) fail("the image is a null pointer");
+  }
   input(const input&) = delete;
   input& operator=(const input&) = delete;
   ~input() {
@@ -269,13 +271,13 @@ class input {
   void read(void* out, std::size_t n) {
     if (n == 0) return;
     if (n > left()) fail("truncated");
-    if (mem_) std::memcpy(out, mem_ + at_, n);
+    if (memory_) std::memcpy(out, mem_ + at_, n);
     else if (std::fread(out, 1, n, f_) != n) fail(std::ferror(f_) ? "read error" : "truncated (the file shrank)");
     at_ += n;
   }
   void seek(std::uint64_t to) {
     if (to > size_) fail("truncated");
-    if (!mem_ && std::fseek(f_, long(to), SEEK_SET) != 0) fail("read error (seek)");
+    if (!memory_ && std::fseek(f_, long(to), SEEK_SET) != 0) fail("read error (seek)");
     at_ = to;
   }
 
@@ -284,6 +286,7 @@ class input {
   std::FILE* f_ = nullptr;
   const unsigned char* mem_ = nullptr;
   std::uint64_t size_ = 0, at_ = 0;
+  bool memory_ = false;
 };
 
 // One section's payload read from an input in pieces, its CRC computed on the way; finish()
