@@ -304,7 +304,9 @@ class section_in : public typed_reads<section_in> {
   // n bytes through a bounded buffer: f(piece, bytes) for each piece, in order.
   template <class F>
   void pieces(std::uint64_t n, std::vector<unsigned char>& buf, F&& f) {
-    buf.resize(stream_chunk);
+    // grown to what is needed, up to the bound (a small checkpoint never touches a whole MiB)
+    const std::size_t want = std::size_t(std::min<std::uint64_t>(n, stream_chunk));
+    if (buf.size() < want) buf.resize(want);
     while (n > 0) {
       const std::size_t m = std::size_t(std::min<std::uint64_t>(n, buf.size()));
       bytes(buf.data(), m);
