@@ -178,10 +178,13 @@ class optimizer {
     config c = cfg_;
     c.adam.lr = lr;
     c.validate();  // the bounds that involve lr, for the config and every parameter group
+    // (set_lr may run every step: a tensor's name is only built for the message of a failure)
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      detail::check_group("matrix " + std::to_string(i), c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
+      if (!detail::group_ok(c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale))
+        detail::check_group("matrix " + std::to_string(i), c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
     for (std::size_t i = 0; i < vectors_.size(); ++i)
-      detail::check_group("vector " + std::to_string(i), c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale);
+      if (!detail::group_ok(c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale))
+        detail::check_group("vector " + std::to_string(i), c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale);
     cfg_.adam.lr = lr;
   }
   float lr() const noexcept { return cfg_.adam.lr; }

@@ -47,6 +47,13 @@ inline std::size_t checked_vector_elements(const std::string& who, const vector_
 // A parameter group's scales, and the hyperparameters they make with the config's: finite,
 // non-negative, and within the config's own bounds (lr <= 1, weight_decay <= 10, their product
 // <= 1), so that no group's decoupled decay overshoots zero.
+// Whether check_group would pass (no message built).
+inline bool group_ok(const adamw_hyper& h, float lr_scale, float weight_decay_scale) noexcept {
+  if (!(std::isfinite(lr_scale) && lr_scale >= 0 && std::isfinite(weight_decay_scale) && weight_decay_scale >= 0))
+    return false;
+  const adamw_hyper g = group_hyper(h, lr_scale, weight_decay_scale);
+  return g.lr <= 1 && g.weight_decay <= 10 && double(g.lr) * double(g.weight_decay) <= 1;
+}
 inline void check_group(const std::string& who, const adamw_hyper& h, float lr_scale, float weight_decay_scale) {
   if (!(std::isfinite(lr_scale) && lr_scale >= 0))
     invalid(who + ": lr_scale must be finite and >= 0, got " + exact(lr_scale));
