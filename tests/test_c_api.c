@@ -27,9 +27,11 @@ static void gradients(const float* p, float* g, size_t n, size_t offset) {
 }
 
 static void device_adam_against_reference(void) {
-  /* hyperparameters as JSON: a whole DeepSpeed config carries them */
+  /* hyperparameters as JSON: a whole DeepSpeed config carries them, and a parameter group for
+   * the bias (half the lr, no weight decay) */
   const char* json =
-      "{\"zero_optimization\": {\"zenflow\": {\"topk_ratio\": 0.1}},"
+      "{\"zero_optimization\": {\"zenflow\": {\"topk_ratio\": 0.1,"
+      " \"param_groups\": {\"bias\": {\"lr_scale\": 0.5, \"weight_decay_scale\": 0}}}},"
       " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.999],"
       " \"eps\": 1e-8, \"weight_decay\": 0.1}}}";
   zf_optimizer* opt = NULL;
@@ -43,7 +45,9 @@ static void device_adam_against_reference(void) {
   memset(v, 0, sizeof v);
   size_t mid = 99, vid = 99;
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, &mid));
+  OK(zf_set_group(opt, "bias"));
   OK(zf_add_vector(opt, b, db, V, ZF_F32, ZF_F32, &vid));
+  OK(zf_set_group(opt, NULL));
   CHECK(mid == 0 && vid == 0);
   OK(zf_initialize(opt));
   for (int t = 1; t <= STEPS; ++t) {
@@ -52,15 +56,17 @@ static void device_adam_against_reference(void) {
     int applied = -1;
     OK(zf_step(opt, 1.0f, &applied));
     CHECK(applied == 1);
-    /* the reference: decoupled weight decay, then Adam with bias correction, in double */
+    /* the reference: decoupled weight decay, then Adam with bias correction, in double; the
+     * bias in its group: lr 0.005, no decay */
     for (size_t i = 0; i < N + V; ++i) {
       double* p = i < N ? &rw[i] : &rb[i - N];
       const double g = (double)(i < N ? dw[i] : db[i - N]);
-      *p *= 1.0 - 0.01 * 0.1;
+      const double lr = i < N ? 0.01 : 0.005, wd = i < N ? 0.1 : 0.0;
+      *p *= 1.0 - lr * wd;
       m[i] = 0.9 * m[i] + 0.1 * g;
       v[i] = 0.999 * v[i] + 0.001 * g * g;
       const double mh = m[i] / (1.0 - pow(0.9, t)), vh = v[i] / (1.0 - pow(0.999, t));
-      *p -= 0.01 * mh / (sqrt(vh) + 1e-8);
+      *p -= lr * mh / (sqrt(vh) + 1e-8);
     }
   }
   /* fp32 against double: each step's update is about lr = 0.01 with a relative rounding error
@@ -148,6 +154,8 @@ static void bad_calls(const char* dir) {
   CHECK(contains(zf_last_error(), "unknown dtype"));
   CHECK(zf_step(opt, 1.0f, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(contains(zf_last_error(), "step() before initialize()"));
+  CHECK(zf_set_group(opt, "no_decay") == ZF_INVALID_ARGUMENT); /* the config defines no group */
+  CHECK(contains(zf_last_error(), "no parameter group \"no_decay\" (defined: none)"));
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL));
   OK(zf_initialize(opt));
   CHECK(zf_step(opt, -1.0f, NULL) == ZF_INVALID_ARGUMENT);

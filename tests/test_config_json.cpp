@@ -142,6 +142,36 @@ TEST_CASE("config_from_json: each key sets its field, absent keys keep the base"
   CHECK(c.host_threads == 1);  // never zero (zero would mean "all cores")
 }
 
+TEST_CASE("config_from_json: named parameter groups") {
+  const config c = config_from_json(
+      R"({"param_groups": {"no_decay": {"weight_decay_scale": 0}, "embed": {"lr_scale": 0.5, "weight_decay_scale": 0.25}}})");
+  REQUIRE(c.param_groups.size() == 2);
+  CHECK(c.param_groups[0].name == "no_decay");  // in the file's order
+  CHECK(c.group("no_decay") == param_group{1.0f, 0.0f});
+  CHECK(c.group("embed") == param_group{0.5f, 0.25f});
+  CHECK_THROWS_WITH_AS(c.group("bias"), "zenflow config: no parameter group \"bias\" (defined: no_decay, embed)", config_error);
+  // a registration takes a group's scales
+  float w[4] = {}, g[4] = {};
+  const matrix_param m = matrix(w, g, rows{2}, cols{2}).group(c.group("embed"));
+  CHECK(m.lr_scale == 0.5f);
+  CHECK(m.weight_decay_scale == 0.25f);
+  // the block replaces the base's groups; absent, it keeps them
+  config base;
+  base.param_groups = {{"old", {2.0f, 1.0f}}};
+  CHECK(config_from_json("{}", base).param_groups == base.param_groups);
+  CHECK(config_from_json(R"({"param_groups": {}})", base).param_groups.empty());
+  // duplicates, checked by validate() for configs built in code (the JSON parser refuses
+  // duplicate keys before that)
+  config dup;
+  dup.param_groups = {{"a", {}}, {"a", {}}};
+  CHECK_THROWS_WITH_AS(dup.validate(), "zenflow config: param_groups must have distinct names, got \"a\" twice", config_error);
+  // in a DeepSpeed config the key sits in the zenflow block, and errors name it there
+  CHECK_THROWS_WITH_AS(config_from_deepspeed_json(
+                           R"({"zero_optimization": {"zenflow": {"param_groups": {"x": {"weight_decay_scale": -2}}}}})"),
+                       "zenflow config: zero_optimization.zenflow.param_groups.x: weight_decay_scale must be finite and >= 0, got -2",
+                       config_error);
+}
+
 TEST_CASE("config_from_json: the tutorial's block, given the epoch length") {
   const char* tutorial = R"({
       "topk_ratio": 0.05, "select_strategy": "auto", "select_interval": "auto",
@@ -162,7 +192,7 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   expect_json_error(R"({"topk": 0.1})",
                     "zenflow config: unknown key \"topk\" in the zenflow block (known: topk_ratio, select_strategy, "
                     "select_interval, update_interval, full_warm_up_rounds, overlap_step, auto_ratio, "
-                    "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads)");
+                    "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads, param_groups)");
   expect_json_error(R"({"topk_ratio": "0.1"})", "zenflow config: topk_ratio must be a number, got a string 0.1 (line 1)");
   expect_json_error("{\n\"overlap_step\": 1}", "zenflow config: overlap_step must be a boolean, got a number 1 (line 2)");
   expect_json_error(R"({"topk_ratio": 2})", "zenflow config: topk_ratio must be in [0, 1], got 2");
@@ -192,6 +222,18 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   expect_json_error(R"({"pt_reserved_cores_perc": 1.5})", "zenflow config: pt_reserved_cores_perc must be in [0, 1], got 1.5");
   expect_json_error(R"({"auto_ratio": 0})", "zenflow config: auto_ratio must be in (0, 1], got 0");
   expect_json_error(R"({"topk_ratio": 0.1,})", "zenflow config: invalid JSON: line 1 column 20: expected a member name in double quotes");
+  expect_json_error(R"({"param_groups": []})", "zenflow config: param_groups must be an object, got an array (line 1)");
+  expect_json_error(R"({"param_groups": {"a": 1}})", "zenflow config: param_groups.a must be an object, got a number 1 (line 1)");
+  expect_json_error(R"({"param_groups": {"a": {"lr": 1}}})",
+                    "zenflow config: unknown key \"lr\" in param_groups.a (known: lr_scale, weight_decay_scale)");
+  expect_json_error(R"({"param_groups": {"a": {"lr_scale": "x"}}})",
+                    "zenflow config: param_groups.a.lr_scale must be a number, got a string x (line 1)");
+  expect_json_error(R"({"param_groups": {"a": {"lr_scale": -1}}})",
+                    "zenflow config: param_groups.a: lr_scale must be finite and >= 0, got -1");
+  // the group's own bounds, with the config's lr (1e-3) and weight_decay (0.01): lr <= 1
+  expect_json_error(R"({"param_groups": {"fast": {"lr_scale": 2000}}})",
+                    "zenflow config: param_groups.fast: lr 0.001 times lr_scale 2000 must be at most 1");
+  expect_json_error(R"({"param_groups": {"": {}}})", "zenflow config: param_groups must have non-empty names, got \"\" (group 0)");
   // A failed parse returns nothing: the caller's config is untouched by construction (the
   // functions take the base by value).
 }
@@ -232,7 +274,7 @@ TEST_CASE("config_from_deepspeed_json: the block, the optimizer and clipping") {
   expect_ds_error(R"({"zero_optimization": {"zenflow": {"topk_ratio": 0.1, "interval": 4}}})",
                   "zenflow config: unknown key \"interval\" in zero_optimization.zenflow (known: topk_ratio, select_strategy, "
                   "select_interval, update_interval, full_warm_up_rounds, overlap_step, auto_ratio, "
-                  "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads)");
+                  "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads, param_groups)");
   expect_ds_error(R"({"zero_optimization": {"zenflow": {"update_interval": true}}})",
                   "zenflow config: zero_optimization.zenflow.update_interval must be a number, got a boolean (line 1)");
   expect_ds_error(R"({"optimizer": {"type": "SGD"}, "zero_optimization": {"zenflow": {}}})",
@@ -282,6 +324,8 @@ TEST_CASE("to_json: random configurations read back equal") {
     c.adam.mode = (rng() & 1) ? adam_mode::adamw : adam_mode::classic;
     c.max_grad_norm = (rng() & 1) ? 0.0 : u01(rng) * 10;
     c.host_threads = unsigned(rng() % 64);
+    for (int g = 0; g < int(rng() % 3); ++g)  // names that need escaping included
+      c.param_groups.push_back({"group \"" + std::to_string(g) + "\"\n", {float(u01(rng) * 2), float(u01(rng) * 0.9)}});
     REQUIRE_NOTHROW(c.validate());
     const std::string text = to_json(c);
     CAPTURE(text);

@@ -26,6 +26,15 @@ struct adamw_hyper {
   friend constexpr bool operator==(const adamw_hyper&, const adamw_hyper&) = default;
 };
 
+// A parameter group's scales: its tensors' lr and weight_decay are the config's times these
+// (weight_decay_scale 0 exempts them from decay). Named groups live in the config
+// (config::param_groups, "param_groups" in the JSON); a tensor joins one with .group(g).
+struct param_group {
+  float lr_scale = 1.0f;
+  float weight_decay_scale = 1.0f;
+  friend constexpr bool operator==(const param_group&, const param_group&) = default;
+};
+
 // The hyperparameters of one parameter group: the optimizer's lr and weight_decay times the
 // tensor's scales (1 and 1 leave them exact: the default group is the config itself).
 constexpr adamw_hyper group_hyper(adamw_hyper h, float lr_scale, float weight_decay_scale) noexcept {

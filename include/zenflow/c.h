@@ -63,6 +63,11 @@ zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t
                         int param_type, int grad_type, int layout, size_t* id_out);
 zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t n, int param_type, int grad_type,
                         size_t* id_out);
+/* The parameter group of the matrices and vectors registered after this call: a group the config
+ * names in "param_groups" ({"param_groups": {"no_decay": {"weight_decay_scale": 0}}}), or NULL
+ * for the default group (the config's lr and weight_decay). An unknown name is
+ * ZF_INVALID_ARGUMENT and leaves the current group as it was. */
+zf_status zf_set_group(zf_optimizer* opt, const char* name);
 zf_status zf_initialize(zf_optimizer* opt);
 
 /* One step with the gradients now in the grad buffers, which hold the loss scaled by grad_scale.

@@ -14,6 +14,7 @@
 
 struct zf_optimizer {
   zenflow::any_optimizer opt;
+  zenflow::param_group group{};  // of the tensors registered next (zf_set_group)
 };
 
 namespace zenflow::c_api {
@@ -89,7 +90,8 @@ zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t
   return guarded([&] {
     const zenflow::matrix_param p = zenflow::matrix(param, grad, zenflow::rows{rows}, zenflow::cols{cols})
                                         .with_layout(zenflow::matrix_layout(layout))
-                                        .dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type));
+                                        .dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type))
+                                        .group(opt->group);
     const zenflow::matrix_id id = opt->opt.add_matrix(p);
     if (id_out) *id_out = id.index();
   });
@@ -102,8 +104,17 @@ zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t
   if (!valid_dtype(param_type) || !valid_dtype(grad_type)) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_add_vector: unknown dtype");
   return guarded([&] {
     const zenflow::vector_id id =
-        opt->opt.add_vector(zenflow::vector(param, grad, n).dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type)));
+        opt->opt.add_vector(zenflow::vector(param, grad, n)
+                                .dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type))
+                                .group(opt->group));
     if (id_out) *id_out = id.index();
+  });
+}
+
+zf_status zf_set_group(zf_optimizer* opt, const char* name) {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded([&] {
+    opt->group = name ? opt->opt.get_config().group(name) : zenflow::param_group{};
   });
 }
 

@@ -12,10 +12,12 @@
 #include <cctype>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "adamw.hpp"
 #include "detail/format.hpp"
 #include "detail/json.hpp"
+#include "detail/registration.hpp"
 
 namespace zenflow {
 
@@ -39,6 +41,14 @@ enum class score_kind : std::uint8_t {
   l2sq = 1,  // s_j = sum_i g_ij^2
 };
 
+// A parameter group with a name, so that a config file can define it and the trainer's code
+// refer to it: opt.add_vector(zenflow::vector(b, db, n).group(cfg.group("no_decay"))).
+struct named_param_group {
+  std::string name;
+  param_group scales;
+  friend bool operator==(const named_param_group&, const named_param_group&) = default;
+};
+
 struct config {
   // --- ZenFlow ----------------------------------------------------------------------------
   double topk_ratio = 0.1;                         // r: fraction of columns updated on the device
@@ -54,6 +64,20 @@ struct config {
   double max_grad_norm = 0.0;  // global L2 clip of the unscaled gradient; 0 = off
   // --- resources --------------------------------------------------------------------------
   unsigned host_threads = 0;   // threads of the host arena; 0 = all cores
+  // --- named parameter groups (a tensor's scales belong to its registration; these only name
+  // them: not part of a checkpoint's config) -----------------------------------------------
+  std::vector<named_param_group> param_groups;
+
+  // The scales of the group called `name`; config_error if there is none.
+  param_group group(std::string_view name) const {
+    std::string known;
+    for (const auto& g : param_groups) {
+      if (g.name == name) return g.scales;
+      known += (known.empty() ? "" : ", ") + g.name;
+    }
+    throw config_error("zenflow config: no parameter group \"" + std::string(name) + "\" (defined: " +
+                       (known.empty() ? std::string("none") : known) + ")");
+  }
 
   // Field by field (numbers compare as values: a NaN field makes configs unequal).
   friend bool operator==(const config&, const config&) = default;
@@ -98,6 +122,21 @@ struct config {
     if (adam.weight_decay > 10) bad("weight_decay", "must be at most 10", num(adam.weight_decay));
     if (double(adam.lr) * double(adam.weight_decay) > 1)
       bad("weight_decay", "times lr (" + num(adam.lr) + ") must be at most 1", num(adam.weight_decay));
+    // named groups: distinct non-empty names, scales within the same bounds as a tensor's
+    for (std::size_t i = 0; i < param_groups.size(); ++i) {
+      const named_param_group& g = param_groups[i];
+      if (g.name.empty()) bad("param_groups", "must have non-empty names", "\"\" (group " + std::to_string(i) + ")");
+      for (std::size_t j = 0; j < i; ++j)
+        if (param_groups[j].name == g.name) bad("param_groups", "must have distinct names", "\"" + g.name + "\" twice");
+      if (!detail::group_ok(adam, g.scales.lr_scale, g.scales.weight_decay_scale)) {
+        try {
+          detail::check_group("param_groups." + g.name, adam, g.scales.lr_scale, g.scales.weight_decay_scale);
+        } catch (const std::invalid_argument& e) {
+          const std::string what = e.what();  // "zenflow: param_groups.x: ..."
+          throw config_error("zenflow config: " + name("param_groups") + what.substr(what.find('.')) + note("param_groups"));
+        }
+      }
+    }
     if (host_threads > 65536) bad("host_threads", "must be at most 65536 (0 = all cores)", std::to_string(host_threads));
   }
 
@@ -137,6 +176,10 @@ struct config {
 //   pt_reserved_cores_perc number in [0, 1]: host_threads = max(1, round(cores * (1 - p)))
 //   score                 "l1" | "l2sq"        (zenflow's own key)
 //   host_threads          integer >= 0         (zenflow's own key; not with pt_reserved_cores_perc)
+//   param_groups          object of named groups (zenflow's own key), each an object with
+//                         "lr_scale" and/or "weight_decay_scale" (numbers, default 1):
+//                         {"no_decay": {"weight_decay_scale": 0}}; the trainer puts a tensor in
+//                         one with .group(cfg.group("no_decay")) (C: zf_set_group)
 // Integers may be written as integral numbers (3, 3.0, 3e0); 3.5 is an error.
 namespace detail {
 
@@ -181,7 +224,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   static constexpr std::string_view known[] = {
       "topk_ratio", "select_strategy", "select_interval", "update_interval", "full_warm_up_rounds",
       "overlap_step", "auto_ratio", "steps_per_epoch", "offload", "pt_reserved_cores_perc",
-      "score", "host_threads"};
+      "score", "host_threads", "param_groups"};
   for (const auto& k : block.keys) {
     bool ok = false;
     for (auto n : known) ok = ok || k == n;
@@ -216,6 +259,26 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
     if (s == "l1") c.score = score_kind::l1;
     else if (s == "l2sq") c.score = score_kind::l2sq;
     else json_bad(key("score"), "must be \"l1\" or \"l2sq\", got \"" + s + "\"");
+  }
+  if ((v = block.find("param_groups"))) {
+    // {"no_decay": {"weight_decay_scale": 0}, "embed": {"lr_scale": 0.5}}: replaces base's groups
+    json_expect(*v, json::kind::object, key("param_groups"));
+    c.param_groups.clear();
+    for (std::size_t i = 0; i < v->keys.size(); ++i) {
+      const std::string gk = key("param_groups") + "." + v->keys[i];
+      const json::value& g = json_expect(v->items[i], json::kind::object, gk);
+      named_param_group ng{v->keys[i], {}};
+      for (const auto& k : g.keys)
+        if (k != "lr_scale" && k != "weight_decay_scale") {
+          std::string shown;
+          json::write_string(shown, k);
+          throw config_error("zenflow config: unknown key " + shown + " in " + gk + " (known: lr_scale, weight_decay_scale)");
+        }
+      if (const json::value* x = g.find("lr_scale")) ng.scales.lr_scale = float(json_number(*x, gk + ".lr_scale"));
+      if (const json::value* x = g.find("weight_decay_scale"))
+        ng.scales.weight_decay_scale = float(json_number(*x, gk + ".weight_decay_scale"));
+      c.param_groups.push_back(std::move(ng));
+    }
   }
   const json::value* threads = block.find("host_threads");
   const json::value* reserved = block.find("pt_reserved_cores_perc");
@@ -368,7 +431,19 @@ inline std::string to_json(const config& c) {
   s += "    \"auto_ratio\": " + num(c.auto_ratio) + ",\n";
   s += "    \"steps_per_epoch\": " + std::to_string(c.steps_per_epoch) + ",\n";
   s += std::string("    \"score\": ") + (c.score == score_kind::l1 ? "\"l1\"" : "\"l2sq\"") + ",\n";
-  s += "    \"host_threads\": " + std::to_string(c.host_threads) + "\n";
+  s += "    \"host_threads\": " + std::to_string(c.host_threads);
+  if (!c.param_groups.empty()) {
+    s += ",\n    \"param_groups\": {";
+    for (std::size_t i = 0; i < c.param_groups.size(); ++i) {
+      const auto& g = c.param_groups[i];
+      std::string name;
+      detail::json::write_string(name, g.name);
+      s += (i ? ", " : "") + name + ": {\"lr_scale\": " + num(g.scales.lr_scale) +
+           ", \"weight_decay_scale\": " + num(g.scales.weight_decay_scale) + "}";
+    }
+    s += "}";
+  }
+  s += "\n";
   s += "  }}\n}\n";
   return s;
 }

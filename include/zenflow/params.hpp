@@ -6,6 +6,7 @@
 #include <compare>
 #include <cstdint>
 
+#include "adamw.hpp"
 #include "detail/macros.hpp"
 #include "numeric.hpp"
 
@@ -69,6 +70,7 @@ struct matrix_param {
     m.weight_decay_scale = weight_decay_scale_;
     return m;
   }
+  constexpr matrix_param group(param_group g) const noexcept { return group(g.lr_scale, g.weight_decay_scale); }
   constexpr matrix_param no_weight_decay() const noexcept { return group(lr_scale, 0.0f); }
 };
 
@@ -104,6 +106,7 @@ struct vector_param {
     v.weight_decay_scale = weight_decay_scale_;
     return v;
   }
+  constexpr vector_param group(param_group g) const noexcept { return group(g.lr_scale, g.weight_decay_scale); }
   constexpr vector_param no_weight_decay() const noexcept { return group(lr_scale, 0.0f); }
 };
 
