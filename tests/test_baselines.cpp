@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -143,32 +144,45 @@ TEST_CASE("bytes moved follow the closed form; 1.125x model size per step at r =
 }
 
 TEST_CASE("bytes moved: a reselection that replaces every column swaps 12*rows+4 bytes each way per column") {
+  // Each leaving column hands its fp32 master, m, v (12 bytes a row) and count (4) to the host;
+  // each joining one takes the same, except its master when the param is fp32: the device param
+  // is its master, and it already holds the host master's value (8 bytes a row + 4).
   const std::size_t R = 16, C = 20, k = 2, U = 2;
-  std::vector<float> w(R * C, 0.5f), dw(R * C);
-  config cfg;
-  cfg.topk_ratio = 0.1;  // k = 2
-  cfg.update_interval = interval::every(U);
-  cfg.select_interval = interval::every(U);  // a selection at every window start
-  cfg.overlap_step = false;
-  optimizer<> opt(cfg);
-  opt.add_matrix({w.data(), dw.data(), R, C});
-  opt.initialize();
-  auto grads = [&](bool high_first) {  // the largest columns: the last two, or the first two
-    for (std::size_t c = 0; c < C; ++c)
-      for (std::size_t i = 0; i < R; ++i) dw[c * R + i] = 1e-3f * float(high_first ? C - c : c + 1);
-  };
-  grads(false);
-  opt.step();  // t = 1: selects {18, 19}
-  opt.step();  // t = 2: boundary
-  const optimizer_stats before = opt.stats();
-  grads(true);
-  opt.step();  // t = 3: selects {0, 1}: both columns leave, two others join
-  CHECK(opt.selected_columns(matrix_id{0}) == std::vector<std::uint32_t>{0, 1});
-  const optimizer_stats after = opt.stats();
-  const std::uint64_t swap = 12 * R + 4, unselected_grads = R * (C - k) * 4;
-  CHECK(after.bytes_to_host - before.bytes_to_host == k * swap + unselected_grads);
-  CHECK(after.bytes_to_device - before.bytes_to_device == k * swap);
-  CHECK(before.bytes_to_device == k * swap + R * (C - k) * 4);  // first selection + one host update
+  for (dtype pt : {dtype::f32, dtype::bf16}) {
+    CAPTURE(int(pt));
+    const std::size_t ps = size_of(pt);
+    std::vector<unsigned char> w(R * C * ps);
+    std::vector<float> dw(R * C);
+    const float half = 0.5f;
+    const bfloat16 half_bf16 = from_float<bfloat16>(half);
+    for (std::size_t e = 0; e < R * C; ++e)
+      std::memcpy(w.data() + e * ps, pt == dtype::f32 ? static_cast<const void*>(&half) : &half_bf16, ps);
+    config cfg;
+    cfg.topk_ratio = 0.1;  // k = 2
+    cfg.update_interval = interval::every(U);
+    cfg.select_interval = interval::every(U);  // a selection at every window start
+    cfg.overlap_step = false;
+    optimizer<> opt(cfg);
+    opt.add_matrix({w.data(), dw.data(), R, C, pt, dtype::f32});
+    opt.initialize();
+    auto grads = [&](bool high_first) {  // the largest columns: the last two, or the first two
+      for (std::size_t c = 0; c < C; ++c)
+        for (std::size_t i = 0; i < R; ++i) dw[c * R + i] = 1e-3f * float(high_first ? C - c : c + 1);
+    };
+    grads(false);
+    opt.step();  // t = 1: selects {18, 19}
+    opt.step();  // t = 2: boundary
+    const optimizer_stats before = opt.stats();
+    grads(true);
+    opt.step();  // t = 3: selects {0, 1}: both columns leave, two others join
+    CHECK(opt.selected_columns(matrix_id{0}) == std::vector<std::uint32_t>{0, 1});
+    const optimizer_stats after = opt.stats();
+    const std::uint64_t leave = 12 * R + 4, join = (pt == dtype::f32 ? 8 : 12) * R + 4;
+    const std::uint64_t unselected_grads = R * (C - k) * 4;
+    CHECK(after.bytes_to_host - before.bytes_to_host == k * leave + unselected_grads);
+    CHECK(after.bytes_to_device - before.bytes_to_device == k * join);
+    CHECK(before.bytes_to_device == k * join + R * (C - k) * ps);  // first selection + one host update
+  }
 }
 
 TEST_CASE("parameter groups: each tensor trains bit for bit as if alone with its group's lr and weight_decay") {

@@ -38,7 +38,7 @@ struct checkpoint_error : std::invalid_argument {
 namespace ckpt {
 
 inline constexpr char magic[8] = {'Z', 'F', 'C', 'K', 'P', 'T', '\r', '\n'};
-inline constexpr std::uint32_t version = 1;
+inline constexpr std::uint32_t version = 2;  // 2: no staged params, no host arrays for k = cols
 inline constexpr std::uint32_t byte_order = 0x01020304u;
 
 enum tag : std::uint32_t { config_tag = 1, layout_tag = 2, counters_tag = 3, matrix_tag = 4, vector_tag = 5 };

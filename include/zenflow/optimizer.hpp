@@ -215,7 +215,7 @@ class optimizer {
   // ---- inspection (waits for a host update in flight; changes nothing) ---------------------
   // The fp32 master of a matrix, column after column ([cols][rows]).
   void copy_master(matrix_id matrix, float* out) {
-    column_state(matrix.index(), out, [](auto& st, int b) { return st.master[b].data(); },
+    column_state(matrix.index(), out, [](auto& st, int b) { return st.master_of(b); },
                  [](auto& hs) { return hs.master.data(); });
   }
   void copy_exp_avg(matrix_id matrix, float* out) {
@@ -231,7 +231,8 @@ class optimizer {
     check_matrix(matrix);
     quiesce();
     const auto& hs = host_.matrix(matrix);
-    std::vector<std::uint32_t> out(hs.counts.data(), hs.counts.data() + hs.cols);
+    std::vector<std::uint32_t> out(hs.cols);  // (no host state: every column is selected)
+    if (hs.on_host) std::copy_n(hs.counts.data(), hs.cols, out.data());
     const auto& d = updater_.matrix(matrix);
     const std::vector<std::uint32_t> dev = download<std::uint32_t>(d.counts[d.cur].data(), d.active);
     for (std::size_t s = 0; s < d.active; ++s) out[selected_[matrix][s]] = dev[s];
@@ -257,19 +258,26 @@ class optimizer {
     const std::size_t es = size_of(p.param_type);
     space_.download(out, p.param, p.rows * p.cols * es);
     if (!pending_) return;
-    // the host update's result for the unselected columns, staged [cols][rows] in the param dtype
-    const unsigned char* staged = host_.matrix(i).param_stage.data();
+    // the host update's result for the unselected columns, rounded from the master as the next
+    // upload will, a bounded chunk at a time
+    const auto& un = unselected_[i];
+    const std::size_t chunk = host_.stage_columns(i);
+    std::vector<unsigned char> staged(std::min(chunk, un.size()) * p.rows * es);
     auto* o = static_cast<unsigned char*>(out);
-    for (const std::uint32_t c : unselected_[i])
-      for (std::size_t r = 0; r < p.rows; ++r)
-        std::memcpy(o + element_offset(p.layout, p.rows, p.cols, r, c) * es, staged + (std::size_t(c) * p.rows + r) * es,
-                    es);
+    for (std::size_t c0 = 0; c0 < un.size(); c0 += chunk) {
+      const std::size_t m = std::min(chunk, un.size() - c0);
+      host_.stage_params(i, un.data() + c0, m, staged.data());
+      for (std::size_t k = 0; k < m; ++k)
+        for (std::size_t r = 0; r < p.rows; ++r)
+          std::memcpy(o + element_offset(p.layout, p.rows, p.cols, r, un[c0 + k]) * es, staged.data() + (k * p.rows + r) * es,
+                      es);
+    }
   }
   void copy_vector_master(vector_id id, float* out) {
     const std::size_t vec = id.index();
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
     const auto& v = updater_.vector(vec);
-    space_.download(out, v.master.data(), 4 * v.p.n);
+    space_.download(out, v.param_master ? v.p.param : v.master.data(), 4 * v.p.n);  // (an fp32 param is its master)
   }
 
   Space& space() noexcept { return space_; }
@@ -431,8 +439,8 @@ class optimizer {
     space_.initialize();
     for (const matrix_param& p : matrices_) {
       const std::size_t k = Selector::k(cfg_.topk_ratio, p.cols);
-      updater_.add_matrix(p, k);
-      host_.add_matrix(p.rows, p.cols, p.param_type);
+      const std::size_t i = updater_.add_matrix(p, k);
+      host_.add_matrix(p.rows, p.cols, p.param_type, !resident(i));  // a resident matrix: nothing on the host, ever
       any_selected_ = any_selected_ || k > 0;
     }
     for (const vector_param& p : vectors_) updater_.add_vector(p);
@@ -444,7 +452,7 @@ class optimizer {
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
       stage = std::max(stage, host_.stage_columns(i) * p.rows * 4);
-      max_k = std::max(max_k, updater_.matrix(i).k);
+      if (!resident(i)) max_k = std::max(max_k, updater_.matrix(i).k);
       auto& all = all_columns_.emplace_back(p.cols);
       for (std::size_t c = 0; c < p.cols; ++c) all[c] = std::uint32_t(c);
       lists_dev_.emplace_back(2 * p.cols);
@@ -453,9 +461,20 @@ class optimizer {
       set_unselected(i);  // until the first selection every column lives on the host
     }
     dev_stage_ = typename Space::template buffer<unsigned char>(stage);
+    // a swap plan's four slot lists (at most 2k entries: leaving + staying <= k, staying +
+    // joining <= k) and the leaving columns' indices (<= k, for a param that is its master)
     slots_dev_ = typename Space::template buffer<std::uint32_t>(4 * max_k);
     if constexpr (reservable_transport<Transport, Space>) transport_.reserve(space_, stage);
-    for (std::size_t i = 0; i < matrices_.size(); ++i) load_master(i);
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      if (resident(i)) place_resident(i);
+      else load_master(i);
+    }
+    bool all_resident = true;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) all_resident = all_resident && resident(i);
+    if (all_resident) {  // device AdamW: no column will ever cross again
+      dev_stage_ = {};
+      host_.release_stage();
+    }
     updater_.load_vectors(space_);
     if constexpr (Scheduler::concurrent) {
       if (cfg_.overlap_step) {
@@ -476,6 +495,35 @@ class optimizer {
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
     base_to_device_ = transport_.bytes_to_device();
     base_stall_ = scheduler_.stall_seconds();
+  }
+
+  // A matrix whose every column is selected (topk_ratio 1: device AdamW) and that has no warm-up
+  // (which runs on the host) lives on the device from the start: its selection cannot change, so
+  // it is made here, once, and the host holds nothing for it.
+  bool resident(std::size_t i) const noexcept {
+    return updater_.matrix(i).all_selected() && cfg_.full_warm_up_rounds == 0;
+  }
+  // Every column selected already: a reselection could only pick them all again.
+  bool fixed_selection(std::size_t i) const noexcept {
+    return updater_.matrix(i).all_selected() && updater_.matrix(i).active == matrices_[i].cols;
+  }
+  void place_resident(std::size_t i) {
+    const matrix_param& p = matrices_[i];
+    auto& d = updater_.matrix(i);
+    selected_[i] = all_columns_[i];
+    set_unselected(i);
+    space_.upload(d.columns[0].data(), selected_[i].data(), 4 * p.cols);
+    d.cur = 0;
+    d.active = p.cols;
+    if (d.param_master) return;  // the fp32 param is the master already
+    // the master from the params, through the staging areas a chunk at a time
+    std::vector<float> master;
+    columns_down(i, p.param, p.param_type, all_dev(i), p.cols, [&](std::size_t c0, std::size_t m) {
+      master.resize(m * p.rows);
+      host::convert(host_.arena(), {host_.stage(), p.param_type, master.data(), dtype::f32}, m * p.rows);
+      transport_.to_device(dev_stage_.data(), master.data(), 4 * m * p.rows);
+      space_.move_slots(d.master[0].data() + c0 * p.rows, nullptr, dev_stage_.data(), nullptr, m, 4 * p.rows);
+    });
   }
 
   // Blocks in the compaction buffer start 256-byte aligned (any element type, vector loads).
@@ -607,17 +655,15 @@ class optimizer {
     });
   }
 
-  // The host's staged params of columns list[0..n) of matrix i into the device params: gathered
-  // on the host into the staging area, one transfer per chunk, scattered on the device.
+  // The host's params of columns list[0..n) of matrix i into the device params: rounded from the
+  // master into the staging area, one transfer per chunk, scattered on the device.
   void upload(std::size_t i, const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n) {
     const matrix_param& p = matrices_[i];
     const std::size_t chunk = host_.stage_columns(i), cb = p.rows * size_of(p.param_type);
-    const unsigned char* staged = host_.matrix(i).param_stage.data();
-    auto* st = static_cast<unsigned char*>(host_.stage());
     for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
       const std::size_t m = std::min(chunk, n - c0);
-      for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * cb, staged + std::size_t(list[c0 + k]) * cb, cb);
-      transport_.to_device(dev_stage_.data(), st, m * cb);
+      host_.stage_params(i, list + c0, m, host_.stage());
+      transport_.to_device(dev_stage_.data(), host_.stage(), m * cb);
       space_.scatter_columns(dev_stage_.data(), p.param_type, p.param, p.layout, p.rows, p.cols, list_dev + c0, m);
     }
   }
@@ -701,14 +747,14 @@ class optimizer {
       if constexpr (Selector::needs_scores) updater_.fetch_scores(space_, cfg_.score);
       for (std::size_t i = 0; i < matrices_.size(); ++i) {
         const std::size_t k = updater_.matrix(i).k;
-        if (k == 0) continue;
+        if (k == 0 || fixed_selection(i)) continue;
         chosen[i].resize(k);
         Selector::select(Selector::needs_scores ? updater_.scores(i, cfg_.score) : nullptr, matrices_[i].cols, k,
                          chosen[i].data());
       }
     }
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      if (updater_.matrix(i).k) swap_columns(i, chosen[i]);
+      if (updater_.matrix(i).k && !fixed_selection(i)) swap_columns(i, chosen[i]);
     ++selections_;
   }
 
@@ -720,7 +766,8 @@ class optimizer {
     auto& d = updater_.matrix(i);
     auto& hs = host_.matrix(i);
     const std::size_t rows = matrices_[i].rows;
-    const int cur = d.cur, nxt = cur ^ 1;
+    // (a matrix with every column selected has one slot set: it is filled once, all joining)
+    const int cur = d.cur, nxt = d.all_selected() ? cur : cur ^ 1;
     const std::vector<std::uint32_t>& old = selected_[i];
     const detail::swap_plan plan = detail::plan_swap(old, next);
     const auto& [leave_slot, leave_col, stay_src, stay_dst, join_slot, join_col] = plan;
@@ -733,19 +780,30 @@ class optimizer {
     const std::uint32_t* dst_dev = src_dev + ns;
     const std::uint32_t* join_dev = dst_dev + ns;
 
-    float* dev_cur[3] = {d.master[cur].data(), d.exp_avg[cur].data(), d.exp_avg_sq[cur].data()};
-    float* dev_nxt[3] = {d.master[nxt].data(), d.exp_avg[nxt].data(), d.exp_avg_sq[nxt].data()};
+    // When the (fp32) param is the master, the master moves with nothing: a leaving column's host
+    // master is read from its param, a joining column's param already equals its host master
+    // (drained before any selection), and staying columns keep their params in place.
+    const int a0 = d.param_master ? 1 : 0;
+    float* dev_cur[3] = {d.master_of(cur), d.exp_avg[cur].data(), d.exp_avg_sq[cur].data()};
+    float* dev_nxt[3] = {d.master_of(nxt), d.exp_avg[nxt].data(), d.exp_avg_sq[nxt].data()};
     float* host_arr[3] = {hs.master.data(), hs.exp_avg.data(), hs.exp_avg_sq.data()};
     auto* st = static_cast<unsigned char*>(host_.stage());
     const std::size_t chunk = host_.stage_columns(i);
     // staying columns change slot set on the device
-    for (int a = 0; a < 3; ++a) space_.move_slots(dev_nxt[a], dst_dev, dev_cur[a], src_dev, ns, 4 * rows);
+    for (int a = a0; a < 3; ++a) space_.move_slots(dev_nxt[a], dst_dev, dev_cur[a], src_dev, ns, 4 * rows);
     space_.move_slots(d.counts[nxt].data(), dst_dev, d.counts[cur].data(), src_dev, ns, 4);
+    const std::uint32_t* leave_col_dev = join_dev + nj;
+    if (d.param_master && nl) space_.upload(slots_dev_.data() + 2 * ns + nl + nj, leave_col.data(), 4 * nl);
     // leaving: gathered on the device, one transfer, scattered into the host arrays
     for (std::size_t c0 = 0; c0 < nl; c0 += chunk) {
       const std::size_t m = std::min(chunk, nl - c0);
       for (int a = 0; a < 3; ++a) {
-        space_.move_slots(dev_stage_.data(), nullptr, dev_cur[a], leave_dev + c0, m, 4 * rows);
+        if (a < a0) {
+          space_.compact_columns(matrices_[i].param, dtype::f32, matrices_[i].layout, rows, matrices_[i].cols,
+                                 leave_col_dev + c0, m, dev_stage_.data());
+        } else {
+          space_.move_slots(dev_stage_.data(), nullptr, dev_cur[a], leave_dev + c0, m, 4 * rows);
+        }
         transport_.to_host(st, dev_stage_.data(), m * rows * 4);
         for (std::size_t k = 0; k < m; ++k)
           std::memcpy(host_arr[a] + std::size_t(leave_col[c0 + k]) * rows, st + k * rows * 4, rows * 4);
@@ -757,7 +815,7 @@ class optimizer {
     // joining: gathered on the host, one transfer, scattered into the new device slots
     for (std::size_t c0 = 0; c0 < nj; c0 += chunk) {
       const std::size_t m = std::min(chunk, nj - c0);
-      for (int a = 0; a < 3; ++a) {
+      for (int a = a0; a < 3; ++a) {
         for (std::size_t k = 0; k < m; ++k)
           std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
         transport_.to_device(dev_stage_.data(), st, m * rows * 4);
@@ -778,10 +836,16 @@ class optimizer {
   void column_state(std::size_t matrix, float* out, DeviceArray dev, HostArray host) {
     check_matrix(matrix);
     quiesce();
-    const std::size_t rows = matrices_[matrix].rows, cols = matrices_[matrix].cols;
-    const float* h = host(host_.matrix(matrix));
-    std::copy_n(h, rows * cols, out);
+    const matrix_param& p = matrices_[matrix];
+    const std::size_t rows = p.rows, cols = p.cols;
+    if (host_.matrix(matrix).on_host) std::copy_n(host(host_.matrix(matrix)), rows * cols, out);
     auto& d = updater_.matrix(matrix);
+    if (!dev(d, d.cur)) {  // the master, held by the fp32 param: its selected columns
+      const std::vector<float> w = download<float>(static_cast<const float*>(p.param), rows * cols);
+      for (const std::uint32_t c : selected_[matrix])
+        for (std::size_t r = 0; r < rows; ++r) out[std::size_t(c) * rows + r] = w[element_offset(p.layout, rows, cols, r, c)];
+      return;
+    }
     const std::vector<float> dv = download<float>(dev(d, d.cur), d.active * rows);
     for (std::size_t s = 0; s < d.active; ++s)
       std::copy_n(dv.data() + s * rows, rows, out + std::size_t(selected_[matrix][s]) * rows);

@@ -6,11 +6,13 @@
 // checkpoint.hpp's; the optimizer's state is read and written through friendship.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,12 +25,19 @@ namespace zenflow::detail {
 
 template <class Opt>
 struct optimizer_checkpoint {
-  // Bytes of a matrix section with `active` selected columns, and of a vector section.
+  // Bytes of a matrix section with `active` selected columns, and of a vector section. A matrix
+  // with every column selected (k = cols) has no host arrays. The section's layout:
+  //   u64 active | u32 columns[active] | the selected columns' fp32 master, m, v ([active][rows]
+  //   each) | u32 counts[active] | host arrays: fp32 master, m, v, accumulator(s) ([cols][rows]
+  //   each), u32 counts[cols] | the params (rows*cols of the param dtype, registered layout)
+  // The same on every space: where an fp32 param is its own master, its selected columns are
+  // written as the master (and read back from the params on load).
   static std::uint64_t matrix_bytes(const Opt& o, std::size_t i, std::uint64_t active) {
     const matrix_param& p = o.matrices_[i];
     const std::uint64_t n = std::uint64_t(p.rows) * p.cols, pb = n * size_of(p.param_type);
     const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
-    return 8 + 4 * active + 12 * active * p.rows + 4 * active + (12 + 4 * accs) * n + 4 * p.cols + 2 * pb;
+    const std::uint64_t host = o.resident(i) ? 0 : (12 + 4 * accs) * n + 4 * p.cols;
+    return 8 + 4 * active + 12 * active * p.rows + 4 * active + host + pb;
   }
   static std::uint64_t vector_bytes(const vector_param& p) { return 12 * std::uint64_t(p.n) + 4 + p.n * size_of(p.param_type); }
 
@@ -83,6 +92,8 @@ struct optimizer_checkpoint {
         f.bytes(buf.data(), m);
       }
     };
+    // device memory through which an fp32 param's selected columns are gathered (its master)
+    typename std::remove_reference_t<decltype(o.space_)>::template buffer<unsigned char> gather;
     for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
       const matrix_param& p = o.matrices_[i];
       const auto& d = o.updater_.matrix(i);
@@ -91,13 +102,26 @@ struct optimizer_checkpoint {
       f.begin(ckpt::matrix_tag, matrix_bytes(o, i, d.active));
       f.put<std::uint64_t>(d.active);
       f.bytes(o.selected_[i].data(), 4 * d.active);
-      for (const float* a : {d.master[d.cur].data(), d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()})
-        from_device(a, 4 * ks);
+      if (d.param_master) {  // the selected columns of the param, gathered a chunk at a time
+        const std::size_t chunk = std::max<std::size_t>(1, ckpt::stream_chunk / (4 * p.rows));
+        if (gather.size() < 4 * std::min(chunk, d.active) * p.rows)
+          gather = decltype(gather)(4 * std::min(chunk, d.active) * p.rows);
+        for (std::size_t c0 = 0; c0 < d.active; c0 += chunk) {
+          const std::size_t m = std::min(chunk, d.active - c0);
+          o.space_.compact_columns(p.param, dtype::f32, p.layout, p.rows, p.cols, d.columns[d.cur].data() + c0, m,
+                                   gather.data());
+          from_device(gather.data(), 4 * m * p.rows);
+        }
+      } else {
+        from_device(d.master[d.cur].data(), 4 * ks);
+      }
+      for (const float* a : {d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) from_device(a, 4 * ks);
       from_device(d.counts[d.cur].data(), 4 * d.active);
-      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) f.bytes(a, 4 * n);
-      if (o.cfg_.overlap_step) f.bytes(h.acc[1].data(), 4 * n);
-      f.bytes(h.counts.data(), 4 * p.cols);
-      f.bytes(h.param_stage.data(), pb);
+      if (h.on_host) {
+        for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) f.bytes(a, 4 * n);
+        if (o.cfg_.overlap_step) f.bytes(h.acc[1].data(), 4 * n);
+        f.bytes(h.counts.data(), 4 * p.cols);
+      }
       from_device(p.param, pb);
       f.end();
     }
@@ -105,7 +129,9 @@ struct optimizer_checkpoint {
       const vector_param& p = o.vectors_[i];
       const auto& v = o.updater_.vector(i);
       f.begin(ckpt::vector_tag, vector_bytes(p));
-      for (const float* a : {v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data()}) from_device(a, 4 * p.n);
+      for (const void* a : {v.param_master ? p.param : v.master.data(), static_cast<const void*>(v.exp_avg.data()),
+                            static_cast<const void*>(v.exp_avg_sq.data())})
+        from_device(a, 4 * p.n);
       f.put<std::uint32_t>(v.count);
       from_device(p.param, p.n * size_of(p.param_type));
       f.end();
@@ -205,7 +231,8 @@ struct optimizer_checkpoint {
     // selected columns, none before the first selection), before any payload is read.
     std::uint64_t lo = in.offset(), hi = in.offset();
     for (std::size_t i = 0; i < nm; ++i) {
-      const std::uint64_t a = matrix_bytes(o, i, 0), b = matrix_bytes(o, i, o.updater_.matrix(i).k);
+      // (a matrix with every column selected is placed on the device at initialize: always k)
+      const std::uint64_t b = matrix_bytes(o, i, o.updater_.matrix(i).k), a = o.resident(i) ? b : matrix_bytes(o, i, 0);
       lo += 20 + std::min(a, b);
       hi += 20 + std::max(a, b);
     }
@@ -230,10 +257,11 @@ struct optimizer_checkpoint {
       if (h.tag != ckpt::matrix_tag) bad("section " + std::to_string(index) + " should be matrix " + std::to_string(i));
       const matrix_param& p = o.matrices_[i];
       const std::size_t k = o.updater_.matrix(i).k;
-      const std::size_t active = h.len == matrix_bytes(o, i, k) ? k : 0;
+      const std::size_t active = h.len == matrix_bytes(o, i, k) || o.resident(i) ? k : 0;
       if (h.len != matrix_bytes(o, i, active)) bad("matrix " + std::to_string(i) + " section has the wrong size");
       const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
       const std::size_t accs = o.cfg_.overlap_step ? 2 : 1;
+      const bool on_host = !o.resident(i);
       where.push_back({in.offset(), h.len, active});
       ckpt::section_in r(in, h.len, index);
       const auto stored = r.get<std::uint64_t>();
@@ -241,9 +269,13 @@ struct optimizer_checkpoint {
       r.bytes(cols.data(), 4 * active);
       r.skip(12 * std::uint64_t(active) * p.rows, buf);
       r.bytes(counts.data(), 4 * active);
-      r.skip((12 + 4 * accs) * std::uint64_t(n), buf);
-      r.bytes(hcounts.data(), 4 * p.cols);
-      r.skip(2 * std::uint64_t(pb), buf);
+      if (on_host) {
+        r.skip((12 + 4 * accs) * std::uint64_t(n), buf);
+        r.bytes(hcounts.data(), 4 * p.cols);
+      } else {
+        hcounts.clear();
+      }
+      r.skip(std::uint64_t(pb), buf);
       r.finish();
       if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
       for (std::size_t s = 0; s < active; ++s)
@@ -327,14 +359,16 @@ struct optimizer_checkpoint {
       o.selected_[i].assign(active, 0);
       r.bytes(o.selected_[i].data(), 4 * active);
       if (active) o.space_.upload(d.columns[0].data(), o.selected_[i].data(), 4 * active);
-      to_device(r, d.master[0].data(), 4 * ks);
+      if (d.param_master) r.skip(4 * std::uint64_t(ks), buf);  // the params below hold it
+      else to_device(r, d.master[0].data(), 4 * ks);
       to_device(r, d.exp_avg[0].data(), 4 * ks);
       to_device(r, d.exp_avg_sq[0].data(), 4 * ks);
       to_device(r, d.counts[0].data(), 4 * active);
-      for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) r.bytes(a, 4 * n);
-      if (o.cfg_.overlap_step) r.bytes(h.acc[1].data(), 4 * n);
-      r.bytes(h.counts.data(), 4 * p.cols);
-      r.bytes(h.param_stage.data(), pb);
+      if (h.on_host) {
+        for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) r.bytes(a, 4 * n);
+        if (o.cfg_.overlap_step) r.bytes(h.acc[1].data(), 4 * n);
+        r.bytes(h.counts.data(), 4 * p.cols);
+      }
       to_device(r, p.param, pb);
       r.finish();
       o.set_unselected(i);
@@ -344,7 +378,8 @@ struct optimizer_checkpoint {
       auto& v = o.updater_.vector(i);
       in.seek(where[nm + i].at);
       ckpt::section_in r(in, where[nm + i].len, 3 + nm + i);
-      to_device(r, v.master.data(), 4 * p.n);
+      if (v.param_master) r.skip(4 * std::uint64_t(p.n), buf);  // the param below is the master
+      else to_device(r, v.master.data(), 4 * p.n);
       to_device(r, v.exp_avg.data(), 4 * p.n);
       to_device(r, v.exp_avg_sq.data(), 4 * p.n);
       v.count = r.get<std::uint32_t>();

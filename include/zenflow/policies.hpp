@@ -65,8 +65,10 @@ concept device_topk_updater =
     requires(T& u, Space& s, std::vector<std::vector<std::uint32_t>>& out) { u.select_topk(s, score_kind::l1, out); };
 
 template <class T>
-concept host_accumulator_policy = requires(T& h, const void* src, const std::uint32_t* list, const adamw_hyper& hyper) {
-  { h.add_matrix(std::size_t{}, std::size_t{}, dtype::f32) } -> std::convertible_to<std::size_t>;
+concept host_accumulator_policy = requires(T& h, const void* src, void* dst, const std::uint32_t* list,
+                                           const adamw_hyper& hyper) {
+  { h.add_matrix(std::size_t{}, std::size_t{}, dtype::f32, true) } -> std::convertible_to<std::size_t>;
+  h.stage_params(std::size_t{}, list, std::size_t{}, dst);
   h.allocate(true);
   { h.bytes_allocated() } -> std::convertible_to<std::size_t>;
   h.accumulate(std::size_t{}, 0, dtype::f32, list, std::size_t{}, 1.0f);

@@ -70,6 +70,8 @@ class zenflow_model {
     if (cfg.selector == zf_config::all) x.k = cols;
     else if (cfg.selector == zf_config::topk && cfg.topk_ratio > 0)
       x.k = std::max<std::size_t>(1, std::size_t(std::floor(cfg.topk_ratio * double(cols))));
+    // every column selected and no warm-up (a host phase): on the device from the start
+    if (x.k == cols && cfg.warm_up == 0) x.selected.assign(cols, true);
     mats.push_back(std::move(x));
   }
   void add_vector(const std::vector<double>& init) {
@@ -138,7 +140,8 @@ class zenflow_model {
         for (std::size_t j = 0; j < x.k; ++j) next[order[j]] = true;
         for (std::size_t c = 0; c < x.cols; ++c) {
           if (x.selected[c] && !next[c]) to_host += 12 * x.rows + 4;
-          if (!x.selected[c] && next[c]) to_device += 12 * x.rows + 4;
+          // (an fp32 param is its own master on the device: the master does not cross)
+          if (!x.selected[c] && next[c]) to_device += (x.param_bytes == 4 ? 8 : 12) * x.rows + 4;
         }
         x.selected = next;
       }

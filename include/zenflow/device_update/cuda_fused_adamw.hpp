@@ -319,6 +319,14 @@ __device__ __forceinline__ void update_block(const update_segment& s, std::uint6
   } else {  // block b: chunk b of a vector
     const std::uint64_t end = (b + 1) * rows < s.n ? (b + 1) * rows : s.n;
     const adamw_coeffs co = s.vector_coeffs;
+    if constexpr (std::is_same_v<P, float>) {
+      if (!master) {  // the fp32 param is the master
+#pragma unroll 4
+        for (std::uint64_t i = b * rows + threadIdx.x; i < end; i += blockDim.x)
+          adamw_update(param[i], exp_avg[i], exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), co);
+        return;
+      }
+    }
 #pragma unroll 4
     for (std::uint64_t i = b * rows + threadIdx.x; i < end; i += blockDim.x) {
       adamw_update(master[i], exp_avg[i], exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), co);
@@ -400,6 +408,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     std::size_t cols = 0, chunks = 0, groups = 0, max_slots = 0;
     std::vector<cuda_kernels::grad_segment> gsegs;
     for (auto& s : matrices_) {
+      s.param_master = s.p.param_type == dtype::f32;  // an fp32 param is its own master
       s.allocate_slots();
       s.coeffs = buffer<adamw_coeffs>(s.k);
       s.col0 = cols;
@@ -407,6 +416,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       max_slots += s.k;
     }
     for (auto& v : vectors_) {
+      v.param_master = v.p.param_type == dtype::f32;
       v.allocate_state();
       v.chunk0 = chunks;
       chunks += (v.p.n + vector_chunk - 1) / vector_chunk;
@@ -469,10 +479,10 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     }
   }
 
-  // The vectors' fp32 masters start as their params.
+  // The vectors' fp32 masters start as their params (an fp32 param is its own master).
   void load_vectors(cuda_space& space) {
     for (auto& v : vectors_)
-      visit_dtype(v.p.param_type, [&](auto ptag) {
+      if (!v.param_master) visit_dtype(v.p.param_type, [&](auto ptag) {
         using P = typename decltype(ptag)::type;
         space.parallel_for(v.p.n, cuda_kernels::to_master_fn<P>{static_cast<const P*>(v.p.param), v.master.data()});
       });
@@ -516,14 +526,14 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       const int b = s.cur;
       cs[ncoeff++] = {s.counts[b].data(), s.coeffs.data(), slots,
                       group_hyper(hyper, s.p.lr_scale, s.p.weight_decay_scale)};
-      u[nseg++] = {s.p.param, s.p.grad, s.master[b].data(), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
+      u[nseg++] = {s.p.param, s.p.grad, s.master_of(b), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
                    s.columns[b].data(), s.coeffs.data(), adamw_coeffs{}, s.p.rows, s.p.cols, 0, blocks,
                    s.p.param_type, s.p.grad_type, s.p.layout};
       slots += s.active;
       blocks += s.active;
     }
     for (auto& v : vectors_) {
-      u[nseg++] = {v.p.param, v.p.grad, v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data(), nullptr, nullptr,
+      u[nseg++] = {v.p.param, v.p.grad, v.master_ptr(), v.exp_avg.data(), v.exp_avg_sq.data(), nullptr, nullptr,
                    make_coeffs(group_hyper(hyper, v.p.lr_scale, v.p.weight_decay_scale), v.count + 1u),
                    vector_chunk, 0, v.p.n, blocks,
                    v.p.param_type, v.p.grad_type, matrix_layout::column_contiguous};

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "../adamw.hpp"
 #include "../detail/macros.hpp"
@@ -104,11 +105,18 @@ inline double canonical_total(const double* partials, std::size_t n) noexcept {
 }
 
 // The AdamW of element e = s*rows + i of a selected column slot s (column c), with the slot's
-// coefficients: the one per-element body of the selective update on every space.
+// coefficients: the one per-element body of the selective update on every space. A null master
+// (fp32 params only) means the param is the master: the same arithmetic, updated in place.
 template <class P, class G>
 ZF_HD ZF_FORCEINLINE void column_adamw_element(P* param, const G* grad, float* master, float* exp_avg,
                                                float* exp_avg_sq, std::size_t e, std::size_t at, float factor,
                                                const adamw_coeffs& co) noexcept {
+  if constexpr (std::is_same_v<P, float>) {
+    if (!master) {
+      adamw_update(param[at], exp_avg[e], exp_avg_sq[e], mul_rn(to_float(grad[at]), factor), co);
+      return;
+    }
+  }
   adamw_update(master[e], exp_avg[e], exp_avg_sq[e], mul_rn(to_float(grad[at]), factor), co);
   param[at] = from_float<P>(master[e]);
 }
@@ -151,6 +159,13 @@ struct vector_adamw_fn {
   float factor;
   ZF_HD void operator()(std::size_t k) const {
     const std::size_t end = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+    if constexpr (std::is_same_v<P, float>) {
+      if (!master) {  // the param is the master
+        for (std::size_t i = k * chunk; i < end; ++i)
+          adamw_update(param[i], exp_avg[i], exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), coeffs);
+        return;
+      }
+    }
     for (std::size_t i = k * chunk; i < end; ++i) {
       adamw_update(master[i], exp_avg[i], exp_avg_sq[i], mul_rn(to_float(grad[i]), factor), coeffs);
       param[i] = from_float<P>(master[i]);

@@ -1,7 +1,8 @@
 // GpuUpdater policy: everything that happens where the model trains. Per matrix it keeps the
 // selected columns' fp32 master, moments and counts in compact [k][rows] arrays (two sets, so a
 // reselection builds the new set without allocating; updater_state.hpp); per vector its whole
-// optimizer state.
+// optimizer state. An fp32 param is its own master (nothing is copied; the update is the same
+// arithmetic in place).
 // It runs the per-step gradient pass (finite check, sums for clipping, column scores) and the
 // AdamW update of the selected columns and all vectors.
 #pragma once
@@ -60,6 +61,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   void allocate() {
     std::size_t ngroups = 0;
     for (auto& s : matrices_) {
+      s.param_master = s.p.param_type == dtype::f32;
       s.allocate_slots();
       s.l1 = buffer<double>(s.p.cols);
       s.sumsq = buffer<double>(s.p.cols);
@@ -67,6 +69,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
       ngroups += groups(s.p.cols);
     }
     for (auto& v : vectors_) {
+      v.param_master = v.p.param_type == dtype::f32;
       v.allocate_state();
       const std::size_t chunks = (v.p.n + vector_chunk - 1) / vector_chunk;
       v.sumsq = buffer<double>(chunks);
@@ -76,10 +79,10 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
     partials_ = std::vector<double>(ngroups);
   }
 
-  // The vectors' fp32 masters start as their params.
+  // The vectors' fp32 masters start as their params (an fp32 param is its own master).
   void load_vectors(Space& space) {
     for (auto& v : vectors_)
-      visit_dtype(v.p.param_type, [&](auto ptag) {
+      if (!v.param_master) visit_dtype(v.p.param_type, [&](auto ptag) {
         using P = typename decltype(ptag)::type;
         const P* src = static_cast<const P*>(v.p.param);
         float* dst = v.master.data();
@@ -138,7 +141,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
           const int b = s.cur;
           space.parallel_for(s.active, device::column_adamw_fn<P, G>{
                                            static_cast<P*>(s.p.param), static_cast<const G*>(s.p.grad),
-                                           s.master[b].data(), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
+                                           s.master_of(b), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
                                            s.counts[b].data(), s.columns[b].data(), s.p.rows, s.p.cols,
                                            s.p.layout, factor,
                                            group_hyper(hyper, s.p.lr_scale, s.p.weight_decay_scale)});
@@ -152,7 +155,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
           using G = typename decltype(gtag)::type;
           space.parallel_for(v.sumsq.size(), device::vector_adamw_fn<P, G>{
                                                  static_cast<P*>(v.p.param), static_cast<const G*>(v.p.grad),
-                                                 v.master.data(), v.exp_avg.data(), v.exp_avg_sq.data(), v.p.n,
+                                                 v.master_ptr(), v.exp_avg.data(), v.exp_avg_sq.data(), v.p.n,
                                                  vector_chunk,
                                                  make_coeffs(group_hyper(hyper, v.p.lr_scale, v.p.weight_decay_scale),
                                                              v.count + 1u),
@@ -163,9 +166,10 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
     }
   }
 
-  // Bytes of device memory held: per matrix two slot sets of k columns (fp32 master and moments,
-  // a count and an index each) and per-column statistics (two doubles and a flag); per vector
-  // its fp32 master and moments and per-chunk statistics.
+  // Bytes of device memory held: per matrix two slot sets of k columns (one when k = cols; fp32
+  // master unless the param is fp32, moments, a count and an index each) and per-column
+  // statistics (two doubles and a flag); per vector its moments, its fp32 master unless the
+  // param is fp32, and per-chunk statistics.
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
     for (const auto& s : matrices_) b += s.slot_bytes() + 8 * (s.l1.size() + s.sumsq.size()) + s.bad.size();

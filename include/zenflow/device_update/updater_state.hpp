@@ -1,6 +1,8 @@
 // What every GpuUpdater keeps per registered parameter, whatever the space: for a matrix, the
 // selected columns' fp32 master, moments and Adam counts in two compact [k][rows] slot sets (a
-// reselection builds the new set without allocating); for a vector, its whole AdamW state. And
+// reselection builds the new set without allocating; one set when every column is selected,
+// since that selection never changes); for a vector, its whole AdamW state. An updater may set
+// param_master for an fp32 param: the param itself is then the master (no copy is held). And
 // the registry of both, with the accessors the optimizer and its checkpoint format use. Each
 // updater adds its own per-step scratch by deriving from these.
 #pragma once
@@ -21,14 +23,20 @@ struct column_slots {
   std::size_t k = 0;       // selected columns (fixed by topk_ratio)
   std::size_t active = 0;  // columns selected now: 0 before the first selection, then k
   int cur = 0;             // which of the two slot sets is live
+  bool param_master = false;  // the (fp32) param is the master: master[] stays empty
   buffer<std::uint32_t> columns[2];
   buffer<float> master[2], exp_avg[2], exp_avg_sq[2];
   buffer<std::uint32_t> counts[2];
 
+  // Every column selected: the selection is fixed, and one slot set holds it.
+  bool all_selected() const noexcept { return k == p.cols; }
+  // The live master of slot set b, or nullptr when the param is the master.
+  float* master_of(int b) noexcept { return param_master ? nullptr : master[b].data(); }
+
   void allocate_slots() {
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < (all_selected() ? 1 : 2); ++b) {
       columns[b] = buffer<std::uint32_t>(k);
-      master[b] = buffer<float>(k * p.rows);
+      if (!param_master) master[b] = buffer<float>(k * p.rows);
       exp_avg[b] = buffer<float>(k * p.rows);
       exp_avg_sq[b] = buffer<float>(k * p.rows);
       counts[b] = buffer<std::uint32_t>(k);
@@ -47,11 +55,14 @@ struct vector_adamw_state {
   template <class T>
   using buffer = typename Space::template buffer<T>;
   vector_param p;
+  bool param_master = false;  // the (fp32) param is the master: master stays empty
   buffer<float> master, exp_avg, exp_avg_sq;
   std::uint32_t count = 0;
 
+  float* master_ptr() noexcept { return param_master ? nullptr : master.data(); }
+
   void allocate_state() {
-    master = buffer<float>(p.n);
+    if (!param_master) master = buffer<float>(p.n);
     exp_avg = buffer<float>(p.n);
     exp_avg_sq = buffer<float>(p.n);
   }

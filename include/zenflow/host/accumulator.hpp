@@ -1,7 +1,10 @@
 // HostAccumulator policy: the host side of ZenFlow. Per matrix it owns the fp32 master, the Adam
-// moments and per-column counts of every column (authoritative for the unselected ones), two
-// fp32 gradient accumulators (one filling while the other feeds a background update) and a
-// staging copy of the updated params in the param dtype. The math is the SIMD kernels.
+// moments and per-column counts of every column (authoritative for the unselected ones) and two
+// fp32 gradient accumulators (one filling while the other feeds a background update). The
+// updated params are not kept a second time in their dtype: stage_params() rounds the master's
+// columns when they are uploaded (the master does not change in between). A matrix whose every
+// column lives on the device (topk_ratio 1) has no host state at all. The math is the SIMD
+// kernels.
 #pragma once
 
 #include <algorithm>
@@ -28,28 +31,37 @@ class simd_accumulator {
     host::host_array<float> master, exp_avg, exp_avg_sq;
     host::host_array<std::uint32_t> counts;
     host::host_array<float> acc[2];
-    host::host_array<unsigned char> param_stage;  // [cols][rows] of param_type
+    bool on_host = true;  // false: every column lives on the device, nothing is held here
   };
 
-  // Elements of the bounded staging buffer through which offloaded gradients arrive.
+  // Elements (at most) of the bounded staging buffer through which offloaded gradients arrive.
   static constexpr std::size_t stage_elems = std::size_t(1) << 20;
 
   explicit simd_accumulator(unsigned threads = 0)
       : arena_(std::make_unique<tbb::task_arena>(threads ? int(threads) : tbb::task_arena::automatic)) {}
 
-  std::size_t add_matrix(std::size_t rows, std::size_t cols, dtype param_type) {
+  // on_host = false for a matrix none of whose columns is ever updated on the host.
+  std::size_t add_matrix(std::size_t rows, std::size_t cols, dtype param_type, bool on_host = true) {
     auto& s = matrices_.emplace_back();
     s.rows = rows;
     s.cols = cols;
     s.param_type = param_type;
+    s.on_host = on_host;
     return matrices_.size() - 1;
   }
 
   // Allocates everything (zeroed), masters included; the caller fills them. The second
-  // accumulator exists only when host updates overlap the next window (double_buffer).
+  // accumulator exists only when host updates overlap the next window (double_buffer). The
+  // staging area holds 1/32 of the model's matrix elements (a pass over a model takes about 32
+  // transfers, each large enough to split across threads) but at most stage_elems fp32 values,
+  // and at least one column of the tallest matrix: 1/8 byte per parameter for a small model, a
+  // fixed 4 MiB for a large one.
   void allocate(bool double_buffer) {
-    std::size_t widest = 0;
+    std::size_t widest = 0, total = 0;
     for (auto& s : matrices_) {
+      widest = std::max(widest, s.rows);
+      total += s.rows * s.cols;
+      if (!s.on_host) continue;
       const std::size_t n = s.rows * s.cols;
       s.master = host::host_array<float>(n);
       s.exp_avg = host::host_array<float>(n);
@@ -57,21 +69,18 @@ class simd_accumulator {
       s.counts = host::host_array<std::uint32_t>(s.cols);
       s.acc[0] = host::host_array<float>(n);
       if (double_buffer) s.acc[1] = host::host_array<float>(n);
-      s.param_stage = host::host_array<unsigned char>(n * size_of(s.param_type));
-      widest = std::max(widest, s.rows);
     }
-    stage_ = host::host_array<unsigned char>(std::max(stage_elems, widest) * 4);
+    stage_ = host::host_array<unsigned char>(std::max(std::min(stage_elems, total / 32), widest) * 4);
   }
 
-  // Bytes of host memory held (element counts times sizes): per matrix element 4 (master) + 4 + 4
-  // (moments) + 4 per accumulator + the param size (staged copy), 4 per column (count), plus the
-  // bounded gradient staging area.
+  // Bytes of host memory held (element counts times sizes): per element of a matrix with host
+  // state 4 (master) + 4 + 4 (moments) + 4 per accumulator, 4 per column (count), plus the
+  // bounded staging area.
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = stage_.size();
     for (const auto& s : matrices_)
       b += 4 * (s.master.size() + s.exp_avg.size() + s.exp_avg_sq.size() + s.acc[0].size() + s.acc[1].size() +
-                s.counts.size()) +
-           s.param_stage.size();
+                s.counts.size());
     return b;
   }
 
@@ -85,6 +94,8 @@ class simd_accumulator {
     return std::max<std::size_t>(1, stage_.size() / 4 / std::max<std::size_t>(1, matrices_[i].rows));
   }
   void* stage() noexcept { return stage_.data(); }
+  // Frees the staging area when no column will ever cross (every matrix on the device).
+  void release_stage() noexcept { stage_ = {}; }
 
   // acc[which] columns list[0..n) += grad * factor, grad compact in the staging area.
   void accumulate(std::size_t i, int which, dtype grad_type, const std::uint32_t* list, std::size_t n,
@@ -99,8 +110,8 @@ class simd_accumulator {
     host::accumulate(*arena_, j, n * s.rows, host::best_isa(), s.cols);
   }
 
-  // Host AdamW on columns list[0..n) with gradient acc[which] / grad_div, the new params written
-  // to the staging copy; then those accumulator columns are cleared for the next window.
+  // Host AdamW on columns list[0..n) of the master with gradient acc[which] / grad_div; then
+  // those accumulator columns are cleared for the next window.
   void update(std::size_t i, int which, const std::uint32_t* list, std::size_t n, float grad_div,
               const adamw_hyper& hyper) {
     auto& s = matrices_[i];
@@ -111,8 +122,6 @@ class simd_accumulator {
     j.exp_avg_sq = s.exp_avg_sq.data();
     j.grad = s.acc[which].data();
     j.grad_type = dtype::f32;
-    j.param_copy = s.param_stage.data();
-    j.copy_type = s.param_type;
     j.rows = s.rows;
     j.columns = list;
     j.hyper = hyper;
@@ -121,6 +130,25 @@ class simd_accumulator {
     float* acc = s.acc[which].data();
     host::parallel_blocks(*arena_, n, [&](std::size_t b, std::size_t e) {
       for (std::size_t k = b; k < e; ++k) std::memset(acc + std::size_t(list[k]) * s.rows, 0, s.rows * 4);
+    });
+  }
+
+  // The params of columns list[0..n) of matrix i, rounded from the master to the param dtype,
+  // into a compact [n][rows] block at dst: what the device params of those columns become when
+  // uploaded (the same rounding as every other param write).
+  void stage_params(std::size_t i, const std::uint32_t* list, std::size_t n, void* dst) {
+    const auto& s = matrices_[i];
+    const host::kernel_table& k = host::kernels(host::best_isa());
+    const std::size_t rows = s.rows, es = size_of(s.param_type);
+    auto* out = static_cast<unsigned char*>(dst);
+    host::parallel_blocks(*arena_, n * rows, [&](std::size_t b, std::size_t e) {
+      for (std::size_t at = b; at < e;) {
+        const std::size_t c = at / rows, r0 = at % rows, r1 = std::min(rows, r0 + (e - at));
+        const host::convert_job j{s.master.data() + std::size_t(list[c]) * rows, dtype::f32, out + c * rows * es,
+                                  s.param_type};
+        k.convert(j, r0, r1);
+        at += r1 - r0;
+      }
     });
   }
 
