@@ -2,7 +2,7 @@
 // the same number of parameters in one matrix and one vector, side by side in one run.
 //
 // Measures registration, initialize() and a step's time, and compares the optimizer's own
-// memory account (stats(): host pageable + pinned + device bytes) with the process's RSS growth.
+// memory account (stats(): host pageable + pinned + device + bookkeeping bytes) with the process's RSS growth.
 // One JSON object per line:
 //   many_tensors [--tensors 100000] [--elements 8] [--steps 20] [--threads 2]
 #include <algorithm>
@@ -78,7 +78,8 @@ void run(const char* layout, const options& o) {
   opt.synchronize();
   const std::uint64_t rss1 = rss_bytes();
   const zenflow::optimizer_stats st = opt.stats();
-  const std::uint64_t counted = st.host_pageable_bytes + st.host_pinned_bytes + st.device_bytes;
+  const std::uint64_t counted =
+      st.host_pageable_bytes + st.host_pinned_bytes + st.device_bytes + st.host_bookkeeping_bytes;
   std::sort(step_s.begin(), step_s.end());
   std::printf(
       "{\"bench\":\"many_tensors\",\"layout\":\"%s\",\"tensors\":%zu,\"params\":%zu,\"threads\":%zu,"

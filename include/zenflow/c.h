@@ -46,6 +46,7 @@ typedef struct zf_stats {
   uint64_t steps, skipped_steps, selections, host_updates, bytes_to_host, bytes_to_device;
   double stall_seconds, host_update_seconds;
   uint64_t host_pageable_bytes, host_pinned_bytes, device_bytes;
+  uint64_t host_bookkeeping_bytes; /* per-tensor records (registrations, shapes, column lists) */
 } zf_stats;
 
 /* kind: "zenflow", "zero_offload" or "device_adam". config_json: NULL for the defaults, the

@@ -149,7 +149,7 @@ zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out) {
     const zenflow::optimizer_stats s = opt->opt.stats();
     *out = zf_stats{s.steps,         s.skipped_steps,       s.selections,          s.host_updates,
                     s.bytes_to_host, s.bytes_to_device,     s.stall_seconds,       s.host_update_seconds,
-                    s.host_pageable_bytes, s.host_pinned_bytes, s.device_bytes};
+                    s.host_pageable_bytes, s.host_pinned_bytes, s.device_bytes, s.host_bookkeeping_bytes};
   });
 }
 

@@ -25,6 +25,7 @@
 #include "checkpoint.hpp"
 #include "optimizer_checkpoint.hpp"
 #include "config.hpp"
+#include "detail/array_pool.hpp"
 #include "detail/format.hpp"
 #include "detail/registration.hpp"
 #include "detail/swap_plan.hpp"
@@ -53,6 +54,10 @@ struct optimizer_stats {
   std::uint64_t host_pageable_bytes = 0;
   std::uint64_t host_pinned_bytes = 0;  // page-locked staging (none on the host space)
   std::uint64_t device_bytes = 0;       // on the device (host memory too, on the host space)
+  // Host memory of the per-tensor records: registrations, shapes and groups, column lists, the
+  // state descriptors (registrations count from the first one; the rest from initialize()).
+  // Small next to the state unless a model has very many small tensors.
+  std::uint64_t host_bookkeeping_bytes = 0;
 };
 
 struct step_info {
@@ -94,7 +99,8 @@ class optimizer {
     const std::string who = "matrix " + std::to_string(matrices_.size());
     check_registration(who);
     detail::check_group(who, cfg_.adam, p.lr_scale, p.weight_decay_scale);
-    buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_matrix_elements(who, p));
+    buffers_.add(who, false, matrices_.size(), p.param, p.param_type, p.grad, p.grad_type,
+                 detail::checked_matrix_elements(who, p));
     matrices_.push_back(p);
     return matrix_id{matrices_.size() - 1};
   }
@@ -102,7 +108,8 @@ class optimizer {
     const std::string who = "vector " + std::to_string(vectors_.size());
     check_registration(who);
     detail::check_group(who, cfg_.adam, p.lr_scale, p.weight_decay_scale);
-    buffers_.add(who, p.param, p.param_type, p.grad, p.grad_type, detail::checked_vector_elements(who, p));
+    buffers_.add(who, true, vectors_.size(), p.param, p.param_type, p.grad, p.grad_type,
+                 detail::checked_vector_elements(who, p));
     vectors_.push_back(p);
     return vector_id{vectors_.size() - 1};
   }
@@ -124,10 +131,11 @@ class optimizer {
       slots_dev_ = {};
       compacted_ = {};
       lists_dev_.clear();
+      lists_pool_ = {};
       async_offload_ = false;
       unselected_.clear();
       selected_.clear();
-      all_columns_.clear();
+      iota_.clear();
       throw;
     }
     initialized_ = true;
@@ -203,6 +211,7 @@ class optimizer {
     s.bytes_to_device = transport_.bytes_to_device() - base_to_device_;
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
+    s.host_bookkeeping_bytes = bookkeeping_bytes();
     if (initialized_) {
       s.host_pageable_bytes = host_.bytes_allocated();
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
@@ -437,6 +446,11 @@ class optimizer {
 
   void build() {
     space_.initialize();
+    if constexpr (requires { updater_.reserve(std::size_t{}, std::size_t{}); })
+      updater_.reserve(matrices_.size(), vectors_.size());
+    if constexpr (requires { host_.reserve(std::size_t{}); }) host_.reserve(matrices_.size());
+    selected_.reserve(matrices_.size());
+    unselected_.reserve(matrices_.size());
     for (const matrix_param& p : matrices_) {
       const std::size_t k = Selector::k(cfg_.topk_ratio, p.cols);
       const std::size_t i = updater_.add_matrix(p, k);
@@ -448,15 +462,18 @@ class optimizer {
     updater_.allocate();
     // Device-side column lists ([all columns | unselected columns] per matrix), the swap plans'
     // slot lists, and the device end of chunked transfers (the host staging area's size).
-    std::size_t stage = 0, max_k = 0;
+    std::size_t stage = 0, max_k = 0, widest = 0;
+    for (const matrix_param& p : matrices_) widest = std::max(widest, p.cols);
+    iota_.resize(widest);
+    for (std::size_t c = 0; c < widest; ++c) iota_[c] = std::uint32_t(c);
+    lists_dev_.resize(matrices_.size());
+    for (std::size_t i = 0; i < matrices_.size(); ++i) lists_pool_.request(lists_dev_[i], 2 * matrices_[i].cols);
+    lists_pool_.commit();
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
       stage = std::max(stage, host_.stage_columns(i) * p.rows * 4);
       if (!resident(i)) max_k = std::max(max_k, updater_.matrix(i).k);
-      auto& all = all_columns_.emplace_back(p.cols);
-      for (std::size_t c = 0; c < p.cols; ++c) all[c] = std::uint32_t(c);
-      lists_dev_.emplace_back(2 * p.cols);
-      space_.upload(lists_dev_.back().data(), all.data(), 4 * p.cols);
+      space_.upload(lists_dev_[i].data(), iota_.data(), 4 * p.cols);
       selected_.emplace_back();
       set_unselected(i);  // until the first selection every column lives on the host
     }
@@ -510,7 +527,7 @@ class optimizer {
   void place_resident(std::size_t i) {
     const matrix_param& p = matrices_[i];
     auto& d = updater_.matrix(i);
-    selected_[i] = all_columns_[i];
+    selected_[i].assign(iota_.begin(), iota_.begin() + std::ptrdiff_t(p.cols));
     set_unselected(i);
     space_.upload(d.columns[0].data(), selected_[i].data(), 4 * p.cols);
     d.cur = 0;
@@ -524,6 +541,24 @@ class optimizer {
       transport_.to_device(dev_stage_.data(), master.data(), 4 * m * p.rows);
       space_.move_slots(d.master[0].data() + c0 * p.rows, nullptr, dev_stage_.data(), nullptr, m, 4 * p.rows);
     });
+  }
+
+  // What stats() reports as host_bookkeeping_bytes: the records' elements (a large vector's unused
+  // capacity is never touched, so not resident either), and each small per-matrix list as the heap
+  // block it occupies (its capacity rounded up to 16 bytes plus an 8-byte header, at least 32:
+  // glibc's malloc).
+  std::uint64_t bookkeeping_bytes() const noexcept {
+    auto heap = [](std::size_t bytes) -> std::uint64_t { return bytes ? std::max<std::size_t>(32, (bytes + 8 + 15) / 16 * 16) : 0; };
+    auto vec = [](const auto& v) -> std::uint64_t { return v.size() * sizeof(*v.data()); };
+    // (the registrations grow one at a time: what their growth freed stays with the process)
+    auto grown = [](const auto& v) -> std::uint64_t { return 2 * v.capacity() * sizeof(*v.data()); };
+    std::uint64_t b = grown(matrices_) + grown(vectors_) + buffers_.bytes() + vec(unselected_) + vec(selected_) +
+                      vec(iota_) + vec(lists_dev_) + vec(compact_offset_) + vec(auto_a_) + vec(auto_b_);
+    for (const auto& l : unselected_) b += heap(l.capacity() * 4);
+    for (const auto& l : selected_) b += heap(l.capacity() * 4);
+    if constexpr (requires { updater_.records_bytes(); }) b += updater_.records_bytes();
+    if constexpr (requires { host_.records_bytes(); }) b += host_.records_bytes();
+    return b;
   }
 
   // Blocks in the compaction buffer start 256-byte aligned (any element type, vector loads).
@@ -589,10 +624,10 @@ class optimizer {
   void warm_up(float factor) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const auto& all = all_columns_[i];
-      gather_grad(i, active_acc_, all.data(), all_dev(i), all.size(), factor);
-      host_.update(i, active_acc_, all.data(), all.size(), 1.0f, matrix_hyper(i, cfg_.adam));
-      upload(i, all.data(), all_dev(i), all.size());
+      const std::size_t cols = matrices_[i].cols;  // every column: iota_[0, cols)
+      gather_grad(i, active_acc_, iota_.data(), all_dev(i), cols, factor);
+      host_.update(i, active_acc_, iota_.data(), cols, 1.0f, matrix_hyper(i, cfg_.adam));
+      upload(i, iota_.data(), all_dev(i), cols);
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
     host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
@@ -862,12 +897,14 @@ class optimizer {
   std::vector<vector_param> vectors_;
   detail::registered_buffers buffers_;
   std::string broken_;  // why the optimizer refuses further work (empty: it does not)
-  // host mirrors of each matrix's column lists: all, unselected, selected (ascending)
-  std::vector<std::vector<std::uint32_t>> all_columns_, unselected_, selected_;
+  // host mirrors of each matrix's column lists: unselected, selected (ascending)
+  std::vector<std::vector<std::uint32_t>> unselected_, selected_;
+  std::vector<std::uint32_t> iota_;  // 0, 1, 2, ...: every column of any matrix
   bool initialized_ = false, any_selected_ = false, selected_once_ = false, pending_ = false;
   bool async_offload_ = false;
   typename Space::template buffer<unsigned char> grad_compact_, dev_stage_;
-  std::vector<typename Space::template buffer<std::uint32_t>> lists_dev_;
+  detail::array_pool<Space> lists_pool_;
+  std::vector<detail::pooled_array<Space, std::uint32_t>> lists_dev_;
   typename Space::template buffer<std::uint32_t> slots_dev_;
   typename Space::event compacted_;
   std::vector<std::size_t> compact_offset_;

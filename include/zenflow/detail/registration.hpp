@@ -75,8 +75,10 @@ inline void check_group(const std::string& who, const adamw_hyper& h, float lr_s
 // extent need only be compared with its two neighbours: O(log n) per registration.
 class registered_buffers {
  public:
-  // Checks one parameter's two buffers of n elements and records them.
-  void add(const std::string& who, const void* param, dtype pt, const void* grad, dtype gt, std::size_t n) {
+  // Checks one parameter's two buffers of n elements and records them: the parameter is `who`,
+  // vector or matrix number `index` (what a later message calls it).
+  void add(const std::string& who, bool is_vector, std::size_t index, const void* param, dtype pt, const void* grad,
+           dtype gt, std::size_t n) {
     for (auto [p, t, what] : {std::tuple{param, pt, "param"}, std::tuple{grad, gt, "grad"}}) {
       if (t != dtype::f32 && t != dtype::bf16 && t != dtype::f16) invalid(who + ": unknown " + what + " dtype");
       if (!p) invalid(who + ": " + what + " is null");
@@ -88,10 +90,15 @@ class registered_buffers {
     const char* what[2] = {" param", " grad"};
     for (int k = 0; k < 2; ++k)
       if (const auto hit = overlapping(mine[k]); hit != extents_.end())
-        invalid(who + what[k] + " overlaps " + hit->second.name);
-    extents_.emplace(mine[0].begin, extent{mine[0].end, who + what[0]});
-    extents_.emplace(mine[1].begin, extent{mine[1].end, who + what[1]});
+        invalid(who + what[k] + " overlaps " + name(hit->second.owner));
+    const std::uint64_t owner = std::uint64_t(index) * 4 + (is_vector ? 2 : 0);
+    extents_.emplace(mine[0].begin, extent{mine[0].end, owner});
+    extents_.emplace(mine[1].begin, extent{mine[1].end, owner + 1});
   }
+
+  // Host memory of the records: a tree node each (the entry after 32 bytes of colour and links),
+  // as the heap block it occupies (rounded up to 16 bytes with an 8-byte header).
+  std::size_t bytes() const noexcept { return extents_.size() * ((32 + sizeof(map::value_type) + 8 + 15) / 16 * 16); }
 
  private:
   struct span {
@@ -99,8 +106,11 @@ class registered_buffers {
   };
   struct extent {
     std::uintptr_t end;
-    std::string name;
+    std::uint64_t owner;  // index * 4 + 2 for a vector + 1 for a grad (a name only when needed)
   };
+  static std::string name(std::uint64_t owner) {
+    return std::string(owner & 2 ? "vector " : "matrix ") + std::to_string(owner / 4) + (owner & 1 ? " grad" : " param");
+  }
   using map = std::map<std::uintptr_t, extent>;
   static std::uintptr_t at(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
 

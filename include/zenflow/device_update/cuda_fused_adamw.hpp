@@ -382,7 +382,7 @@ namespace detail {
 // fused_adamw<cuda_space>'s per-parameter state: the shared slot sets / AdamW state, plus where
 // each parameter's entries start in the updater's concatenated per-column / per-chunk arrays.
 struct cuda_matrix_state : column_slots<cuda_space> {
-  device_array<adamw_coeffs> coeffs;  // this step's coefficients per slot
+  pooled_array<cuda_space, adamw_coeffs> coeffs;  // this step's coefficients per slot
   std::size_t col0 = 0;               // first column in the concatenated per-column arrays
 };
 struct cuda_vector_state : vector_adamw_state<cuda_space> {
@@ -409,18 +409,19 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     std::vector<cuda_kernels::grad_segment> gsegs;
     for (auto& s : matrices_) {
       s.param_master = s.p.param_type == dtype::f32;  // an fp32 param is its own master
-      s.allocate_slots();
-      s.coeffs = buffer<adamw_coeffs>(s.k);
+      s.allocate_slots(pool_);
+      pool_.request(s.coeffs, s.k);
       s.col0 = cols;
       cols += s.p.cols;
       max_slots += s.k;
     }
     for (auto& v : vectors_) {
       v.param_master = v.p.param_type == dtype::f32;
-      v.allocate_state();
+      v.allocate_state(pool_);
       v.chunk0 = chunks;
       chunks += (v.p.n + vector_chunk - 1) / vector_chunk;
     }
+    pool_.commit();  // one allocation for every small per-parameter array
     l1_ = buffer<double>(cols);
     sumsq_ = buffer<double>(cols + chunks);
     bad_ = buffer<unsigned char>(cols + chunks);

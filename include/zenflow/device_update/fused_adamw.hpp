@@ -26,14 +26,14 @@ namespace detail {
 template <class Space>
 struct fused_matrix_state : column_slots<Space> {
   template <class T>
-  using buffer = typename Space::template buffer<T>;
+  using buffer = detail::pooled_array<Space, T>;
   buffer<double> l1, sumsq;
   buffer<unsigned char> bad;
 };
 template <class Space>
 struct fused_vector_state : vector_adamw_state<Space> {
   template <class T>
-  using buffer = typename Space::template buffer<T>;
+  using buffer = detail::pooled_array<Space, T>;
   buffer<double> sumsq;
   buffer<unsigned char> bad;
 };
@@ -43,6 +43,7 @@ template <class Space>
 class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, detail::fused_vector_state<Space>> {
   using registry = updater_registry<detail::fused_matrix_state<Space>, detail::fused_vector_state<Space>>;
   using registry::matrices_;
+  using registry::pool_;
   using registry::vectors_;
 
  public:
@@ -62,20 +63,21 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
     std::size_t ngroups = 0;
     for (auto& s : matrices_) {
       s.param_master = s.p.param_type == dtype::f32;
-      s.allocate_slots();
-      s.l1 = buffer<double>(s.p.cols);
-      s.sumsq = buffer<double>(s.p.cols);
-      s.bad = buffer<unsigned char>(s.p.cols);
+      s.allocate_slots(pool_);
+      pool_.request(s.l1, s.p.cols);
+      pool_.request(s.sumsq, s.p.cols);
+      pool_.request(s.bad, s.p.cols);
       ngroups += groups(s.p.cols);
     }
     for (auto& v : vectors_) {
       v.param_master = v.p.param_type == dtype::f32;
-      v.allocate_state();
+      v.allocate_state(pool_);
       const std::size_t chunks = (v.p.n + vector_chunk - 1) / vector_chunk;
-      v.sumsq = buffer<double>(chunks);
-      v.bad = buffer<unsigned char>(chunks);
+      pool_.request(v.sumsq, chunks);
+      pool_.request(v.bad, chunks);
       ngroups += groups(chunks);
     }
+    pool_.commit();
     partials_ = std::vector<double>(ngroups);
   }
 
@@ -170,6 +172,8 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   // master unless the param is fp32, moments, a count and an index each) and per-column
   // statistics (two doubles and a flag); per vector its moments, its fp32 master unless the
   // param is fp32, and per-chunk statistics.
+  std::size_t records_bytes() const noexcept { return registry::records_bytes() + 8 * partials_.size(); }
+
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
     for (const auto& s : matrices_) b += s.slot_bytes() + 8 * (s.l1.size() + s.sumsq.size()) + s.bad.size();

@@ -4,21 +4,25 @@
 // since that selection never changes); for a vector, its whole AdamW state. An updater may set
 // param_master for an fp32 param: the param itself is then the master (no copy is held). And
 // the registry of both, with the accessors the optimizer and its checkpoint format use. Each
-// updater adds its own per-step scratch by deriving from these.
+// updater adds its own per-step scratch by deriving from these. The arrays come from the
+// registry's array_pool (one allocation for all the small ones).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "../detail/array_pool.hpp"
 #include "../params.hpp"
 
 namespace zenflow {
 
 template <class Space>
 struct column_slots {
+  using space_type = Space;
+  using pool = detail::array_pool<Space>;
   template <class T>
-  using buffer = typename Space::template buffer<T>;
+  using buffer = detail::pooled_array<Space, T>;
   matrix_param p;
   std::size_t k = 0;       // selected columns (fixed by topk_ratio)
   std::size_t active = 0;  // columns selected now: 0 before the first selection, then k
@@ -33,13 +37,13 @@ struct column_slots {
   // The live master of slot set b, or nullptr when the param is the master.
   float* master_of(int b) noexcept { return param_master ? nullptr : master[b].data(); }
 
-  void allocate_slots() {
+  void allocate_slots(pool& from) {
     for (int b = 0; b < (all_selected() ? 1 : 2); ++b) {
-      columns[b] = buffer<std::uint32_t>(k);
-      if (!param_master) master[b] = buffer<float>(k * p.rows);
-      exp_avg[b] = buffer<float>(k * p.rows);
-      exp_avg_sq[b] = buffer<float>(k * p.rows);
-      counts[b] = buffer<std::uint32_t>(k);
+      from.request(columns[b], k);
+      if (!param_master) from.request(master[b], k * p.rows);
+      from.request(exp_avg[b], k * p.rows);
+      from.request(exp_avg_sq[b], k * p.rows);
+      from.request(counts[b], k);
     }
   }
   std::size_t slot_bytes() const noexcept {
@@ -52,8 +56,9 @@ struct column_slots {
 
 template <class Space>
 struct vector_adamw_state {
+  using pool = detail::array_pool<Space>;
   template <class T>
-  using buffer = typename Space::template buffer<T>;
+  using buffer = detail::pooled_array<Space, T>;
   vector_param p;
   bool param_master = false;  // the (fp32) param is the master: master stays empty
   buffer<float> master, exp_avg, exp_avg_sq;
@@ -61,10 +66,10 @@ struct vector_adamw_state {
 
   float* master_ptr() noexcept { return param_master ? nullptr : master.data(); }
 
-  void allocate_state() {
-    if (!param_master) master = buffer<float>(p.n);
-    exp_avg = buffer<float>(p.n);
-    exp_avg_sq = buffer<float>(p.n);
+  void allocate_state(pool& from) {
+    if (!param_master) from.request(master, p.n);
+    from.request(exp_avg, p.n);
+    from.request(exp_avg_sq, p.n);
   }
   std::size_t state_bytes() const noexcept { return 4 * (master.size() + exp_avg.size() + exp_avg_sq.size()); }
 };
@@ -73,6 +78,11 @@ struct vector_adamw_state {
 template <class MatrixState, class VectorState>
 class updater_registry {
  public:
+  // Room for every registration at once (initialize knows the counts: no growth, no copies).
+  void reserve(std::size_t matrices, std::size_t vectors) {
+    matrices_.reserve(matrices);
+    vectors_.reserve(vectors);
+  }
   std::size_t add_matrix(const matrix_param& p, std::size_t k) {
     auto& s = matrices_.emplace_back();
     s.p = p;
@@ -89,10 +99,16 @@ class updater_registry {
   const VectorState& vector(std::size_t i) const noexcept { return vectors_[i]; }
   std::size_t matrices() const noexcept { return matrices_.size(); }
   std::size_t vectors() const noexcept { return vectors_.size(); }
+  // Host memory of the per-parameter records (the state descriptors themselves; a vector's
+  // unused capacity is left out: never touched, it is not resident either).
+  std::size_t records_bytes() const noexcept {
+    return matrices_.size() * sizeof(MatrixState) + vectors_.size() * sizeof(VectorState);
+  }
 
  protected:
   std::vector<MatrixState> matrices_;
   std::vector<VectorState> vectors_;
+  detail::array_pool<typename MatrixState::space_type> pool_;  // every small per-parameter array
 };
 
 }  // namespace zenflow

@@ -17,6 +17,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "../adamw.hpp"
+#include "../detail/array_pool.hpp"
 #include "../numeric.hpp"
 #include "buffer.hpp"
 #include "kernels.hpp"
@@ -28,9 +29,11 @@ class simd_accumulator {
   struct matrix_state {
     std::size_t rows = 0, cols = 0;
     dtype param_type = dtype::f32;
-    host::host_array<float> master, exp_avg, exp_avg_sq;
-    host::host_array<std::uint32_t> counts;
-    host::host_array<float> acc[2];
+    template <class T>
+    using array = detail::pooled_array<detail::host_family, T>;
+    array<float> master, exp_avg, exp_avg_sq;
+    array<std::uint32_t> counts;
+    array<float> acc[2];
     bool on_host = true;  // false: every column lives on the device, nothing is held here
   };
 
@@ -39,6 +42,8 @@ class simd_accumulator {
 
   explicit simd_accumulator(unsigned threads = 0)
       : arena_(std::make_unique<tbb::task_arena>(threads ? int(threads) : tbb::task_arena::automatic)) {}
+
+  void reserve(std::size_t matrices) { matrices_.reserve(matrices); }
 
   // on_host = false for a matrix none of whose columns is ever updated on the host.
   std::size_t add_matrix(std::size_t rows, std::size_t cols, dtype param_type, bool on_host = true) {
@@ -63,13 +68,14 @@ class simd_accumulator {
       total += s.rows * s.cols;
       if (!s.on_host) continue;
       const std::size_t n = s.rows * s.cols;
-      s.master = host::host_array<float>(n);
-      s.exp_avg = host::host_array<float>(n);
-      s.exp_avg_sq = host::host_array<float>(n);
-      s.counts = host::host_array<std::uint32_t>(s.cols);
-      s.acc[0] = host::host_array<float>(n);
-      if (double_buffer) s.acc[1] = host::host_array<float>(n);
+      pool_.request(s.master, n);
+      pool_.request(s.exp_avg, n);
+      pool_.request(s.exp_avg_sq, n);
+      pool_.request(s.counts, s.cols);
+      pool_.request(s.acc[0], n);
+      if (double_buffer) pool_.request(s.acc[1], n);
     }
+    pool_.commit();  // one allocation for the small arrays of every matrix
     stage_ = host::host_array<unsigned char>(std::max(std::min(stage_elems, total / 32), widest) * 4);
   }
 
@@ -83,6 +89,9 @@ class simd_accumulator {
                 s.counts.size());
     return b;
   }
+
+  // Host memory of the per-matrix records (the state descriptors themselves).
+  std::size_t records_bytes() const noexcept { return matrices_.size() * sizeof(matrix_state); }
 
   matrix_state& matrix(std::size_t i) noexcept { return matrices_[i]; }
   const matrix_state& matrix(std::size_t i) const noexcept { return matrices_[i]; }
@@ -155,6 +164,7 @@ class simd_accumulator {
  private:
   std::unique_ptr<tbb::task_arena> arena_;
   std::vector<matrix_state> matrices_;
+  detail::array_pool<detail::host_family> pool_;
   host::host_array<unsigned char> stage_;
 };
 
