@@ -11,6 +11,7 @@
 #include <iterator>
 #include <tuple>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -329,6 +330,22 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   CHECK_THROWS_WITH_AS(b.load_image(img.data(), img.size()),
                        doctest::Contains("an Adam count exceeds the applied steps"), checkpoint_error);
   CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
+  std::memcpy(img.data() + counts_at, a.column_counts(matrix_id{0}).data(), 4);  // the count back
+  // ... an infinite second moment (host v of column 0), checksum right: a column frozen for good
+  // (or a NaN, which would spread) is refused
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<unsigned char> v = img;
+    std::memcpy(v.data() + payload + 8 + 8 * n, &bad, 4);
+    const std::uint32_t c2 = ckpt::crc32(v.data() + payload, std::size_t(len));
+    std::memcpy(v.data() + payload + len, &c2, 4);
+    CHECK_THROWS_WITH_AS(b.load_image(v.data(), v.size()), doctest::Contains("matrix 0: a master or moment is not finite"),
+                         checkpoint_error);
+  }
+  {  // the same file, untouched, loads (the edits above were all that was wrong)
+    const std::uint32_t c3 = ckpt::crc32(img.data() + payload, std::size_t(len));
+    std::memcpy(img.data() + payload + len, &c3, 4);
+    CHECK_NOTHROW(b.load_image(img.data(), img.size()));
+  }
   // a null image is an error, not a read through a null pointer
   CHECK_THROWS_WITH_AS(b.load_image(nullptr, img.size()), doctest::Contains("the image is a null pointer"),
                        checkpoint_error);

@@ -251,6 +251,32 @@ struct optimizer_checkpoint {
       std::size_t active;
     };
     std::vector<placed> where;
+    // fp32 masters and moments read through their checksum and checked finite: a state holding an
+    // infinite v would freeze its column for good (what a step whose gradient would cause it is
+    // skipped for), a NaN would spread; neither can come from save(). (Reported after the
+    // section's checksum: a damaged file is called damaged.)
+    auto finite_floats = [&](ckpt::section_in& r, std::uint64_t count) {
+      unsigned char carry[4];
+      std::size_t nc = 0;
+      bool ok = true;
+      r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
+        std::size_t k = 0;
+        while (nc > 0 && nc < 4 && k < m) carry[nc++] = p[k++];  // a float split between pieces
+        if (nc == 4) {
+          float x;
+          std::memcpy(&x, carry, 4);
+          ok = ok && std::isfinite(x);
+          nc = 0;
+        }
+        for (; k + 4 <= m; k += 4) {
+          float x;
+          std::memcpy(&x, p + k, 4);
+          ok = ok && std::isfinite(x);
+        }
+        while (k < m) carry[nc++] = p[k++];
+      });
+      return ok;
+    };
     for (std::size_t i = 0; i < nm; ++i) {
       const std::size_t index = 3 + i;
       const ckpt::section_header h = ckpt::read_section_header(in, index);
@@ -267,16 +293,18 @@ struct optimizer_checkpoint {
       const auto stored = r.get<std::uint64_t>();
       std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
       r.bytes(cols.data(), 4 * active);
-      r.skip(12 * std::uint64_t(active) * p.rows, buf);
+      bool finite = finite_floats(r, 3 * std::uint64_t(active) * p.rows);
       r.bytes(counts.data(), 4 * active);
       if (on_host) {
-        r.skip((12 + 4 * accs) * std::uint64_t(n), buf);
+        finite = finite_floats(r, 3 * std::uint64_t(n)) && finite;
+        r.skip(4 * accs * std::uint64_t(n), buf);
         r.bytes(hcounts.data(), 4 * p.cols);
       } else {
         hcounts.clear();
       }
       r.skip(std::uint64_t(pb), buf);
       r.finish();
+      if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite");
       if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
       for (std::size_t s = 0; s < active; ++s)
         if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
@@ -295,10 +323,11 @@ struct optimizer_checkpoint {
       if (h.len != vector_bytes(p)) bad("vector " + std::to_string(i) + " section has the wrong size");
       where.push_back({in.offset(), h.len, 0});
       ckpt::section_in r(in, h.len, index);
-      r.skip(12 * std::uint64_t(p.n), buf);
+      const bool finite = finite_floats(r, 3 * std::uint64_t(p.n));
       const auto vc = r.get<std::uint32_t>();
       r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
       r.finish();
+      if (!finite) bad("vector " + std::to_string(i) + ": a master or moment is not finite");
       if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
     }
     if (in.left() != 0) bad("trailing bytes after the last section");
