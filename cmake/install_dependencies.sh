@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing zenflow needs on Debian/Ubuntu, skipping what is there:
-# a C++20 compiler, CMake, Ninja, make and pkg-config (the package test), oneTBB, xsimd and doctest; with --fuzz also clang and its
-# libFuzzer runtime. The CUDA toolkit is optional and not installed here (the host library
+# a C++20 compiler, CMake, Ninja, make and pkg-config (the package test), oneTBB, xsimd and
+# doctest, and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
+# ${ZENFLOW_TOOLS_DIR:-~/.cache/zenflow-tools}, not the system's Python); with --fuzz also clang
+# and its libFuzzer runtime. The CUDA toolkit is optional and not installed here (the host library
 # builds and tests without it).
 set -euo pipefail
-pkgs=(g++ cmake ninja-build make pkg-config libtbb-dev libxsimd-dev doctest-dev)
+pkgs=(g++ cmake ninja-build make pkg-config libtbb-dev libxsimd-dev doctest-dev python3 python3-venv)
 if [ "${1:-}" = "--fuzz" ]; then pkgs+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -12,11 +14,20 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "zenflow dependencies: all present"
-  exit 0
+else
+  echo "zenflow dependencies: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "zenflow dependencies: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+tools="${ZENFLOW_TOOLS_DIR:-$HOME/.cache/zenflow-tools}"
+if [ -x "$tools/venv/bin/conan" ]; then
+  echo "zenflow dependencies: conan present ($("$tools/venv/bin/conan" --version))"
+else
+  echo "zenflow dependencies: installing conan into $tools/venv"
+  /usr/bin/python3 -m venv "$tools/venv"
+  "$tools/venv/bin/pip" install -q --disable-pip-version-check "conan>=2,<3"
+fi
