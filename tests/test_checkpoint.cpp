@@ -420,3 +420,53 @@ TEST_CASE("checkpoint: crafted counters the schedule cannot reach are refused") 
   CHECK(w2 == w);
   std::remove(path.c_str());
 }
+
+// A file rewritten in place while it is being loaded: the first pass checked the old bytes, the
+// second finds others after part of the state was written (here the matrices, before the vector
+// whose bytes changed). The load throws, and the optimizer refuses step() and save() — its state
+// is now half one checkpoint, half another — until a load succeeds; then it trains on exactly as
+// the checkpoint's own run does.
+TEST_CASE("checkpoint: a file changed between the two passes of a load is refused, and so is further work until a load succeeds") {
+  const std::string path = temp_path("changing.zfckpt"), other = temp_path("changing-other.zfckpt");
+  const std::size_t R = 6, C = 9, V = 5;
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.overlap_step = false;
+  struct run {
+    std::vector<float> w, g, b, gb;
+    optimizer<> opt;
+    explicit run(const config& c) : w(R * C, 0.5f), g(R * C), b(V, -0.25f), gb(V), opt(c) {
+      opt.add_matrix({w.data(), g.data(), R, C});
+      opt.add_vector({b.data(), gb.data(), V});
+      opt.initialize();
+    }
+    void step(int t) {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float((i * 7 + std::size_t(t)) % 11) - 0.05f;
+      for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = 0.02f * float(i) - 0.03f * float(t % 3);
+      opt.step();
+    }
+  };
+  run a(cfg), b(cfg);
+  for (int t = 0; t < 3; ++t) a.step(t);
+  a.opt.save(path);
+  std::vector<unsigned char> img;
+  {
+    std::ifstream f(path, std::ios::binary);
+    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  ckpt::input in(img.data(), img.size(), "changing");
+  in.on_rewind([&] { img[img.size() - 6] ^= 0x40; });  // a byte of the vector's params, the last section
+  CHECK_THROWS_WITH_AS(detail::optimizer_checkpoint<optimizer<>>::load(b.opt, in),
+                       doctest::Contains("checksum mismatch in section 4"), checkpoint_error);
+  CHECK_THROWS_WITH_AS(b.step(3), doctest::Contains("load a checkpoint to go on"), std::logic_error);
+  CHECK_THROWS_WITH_AS(b.opt.save(other), doctest::Contains("load a checkpoint to go on"), std::logic_error);
+  CHECK_FALSE(std::ifstream(other).good());  // nothing was written
+  b.opt.load(path);
+  for (int t = 3; t < 8; ++t) {
+    a.step(t);
+    b.step(t);
+    REQUIRE(a.w == b.w);
+    REQUIRE(a.b == b.b);
+  }
+  std::remove(path.c_str());
+}

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -277,9 +278,13 @@ class input {
   }
   void seek(std::uint64_t to) {
     if (to > size_) fail("truncated");
+    if (to < at_ && rewind_hook_) rewind_hook_();
     if (!memory_ && std::fseek(f_, long(to), SEEK_SET) != 0) fail("read error (seek)");
     at_ = to;
   }
+  // Called when a read goes back (load's second pass starts): lets a test change the data in
+  // between, as a file rewritten in place during a load would.
+  void on_rewind(std::function<void()> f) { rewind_hook_ = std::move(f); }
 
  private:
   std::string name_;
@@ -287,6 +292,7 @@ class input {
   const unsigned char* mem_ = nullptr;
   std::uint64_t size_ = 0, at_ = 0;
   bool memory_ = false;
+  std::function<void()> rewind_hook_;
 };
 
 // One section's payload read from an input in pieces, its CRC computed on the way; finish()
