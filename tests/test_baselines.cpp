@@ -269,3 +269,59 @@ TEST_CASE("parameter groups: scales are checked at registration and by set_lr") 
   opt.set_lr(0.125f);       // 0.125 * 8 = 1: allowed
   CHECK(opt.lr() == 0.125f);
 }
+
+TEST_CASE("reselect_moments = reset: only the joining columns' moments and counts start over") {
+  // The bytes test's schedule: t = 1 selects {18, 19}, t = 2 ends a window (a host update of the
+  // other columns: counts 1, moments non-zero), t = 3 selects {0, 1}. Two runs on the same
+  // gradients, keep and reset, agree bit for bit except on columns 0 and 1 after t = 3: their
+  // counts restart (1 after t = 3's update, against 2), so their moments and masters differ.
+  const std::size_t R = 16, C = 20;
+  auto run = [&](reselect_policy p) {
+    std::vector<float> w(R * C, 0.5f), dw(R * C);
+    config cfg;
+    cfg.topk_ratio = 0.1;
+    cfg.update_interval = interval::every(2);
+    cfg.select_interval = interval::every(2);
+    cfg.overlap_step = false;
+    cfg.reselect_moments = p;
+    optimizer<> opt(cfg);
+    opt.add_matrix({w.data(), dw.data(), R, C});
+    opt.initialize();
+    for (int t = 1; t <= 3; ++t) {
+      for (std::size_t c = 0; c < C; ++c)
+        for (std::size_t i = 0; i < R; ++i)
+          dw[c * R + i] = 1e-3f * float(t < 3 ? c + 1 : C - c) + 1e-4f * float(i);
+      opt.step();
+    }
+    struct state {
+      std::vector<float> master, m, v;
+      std::vector<std::uint32_t> counts, selected;
+    } s{std::vector<float>(R * C), std::vector<float>(R * C), std::vector<float>(R * C),
+        opt.column_counts(matrix_id{0}), opt.selected_columns(matrix_id{0})};
+    opt.copy_master(matrix_id{0}, s.master.data());
+    opt.copy_exp_avg(matrix_id{0}, s.m.data());
+    opt.copy_exp_avg_sq(matrix_id{0}, s.v.data());
+    return s;
+  };
+  const auto keep = run(reselect_policy::keep), reset = run(reselect_policy::reset);
+  REQUIRE(keep.selected == std::vector<std::uint32_t>{0, 1});
+  REQUIRE(reset.selected == keep.selected);
+  for (std::size_t c = 0; c < C; ++c) {
+    CAPTURE(c);
+    const bool joined = c < 2;
+    // joined: 1 host update + t = 3's (reset: restarted before it); 18, 19: device updates at
+    // t = 1, 2 before they left; the rest: one host update
+    const std::uint32_t others = c >= 18 ? 2u : 1u;
+    CHECK(keep.counts[c] == (joined ? 2u : others));
+    CHECK(reset.counts[c] == (joined ? 1u : others));
+    const auto col = [&](const std::vector<float>& a) { return std::vector<float>(a.begin() + c * R, a.begin() + (c + 1) * R); };
+    if (joined) {
+      CHECK(col(keep.m) != col(reset.m));
+      CHECK(col(keep.v) != col(reset.v));
+    } else {
+      CHECK(col(keep.m) == col(reset.m));
+      CHECK(col(keep.v) == col(reset.v));
+      CHECK(col(keep.master) == col(reset.master));
+    }
+  }
+}

@@ -36,6 +36,14 @@ struct interval {
   friend constexpr bool operator==(const interval&, const interval&) = default;
 };
 
+// What a column joining the selection brings to the device: its fp32 master always; its Adam
+// moments and count kept (lossless, zenflow's default) or reset to zero (as the original
+// implementation does at every reselection: an ablation knob).
+enum class reselect_policy : std::uint8_t {
+  keep = 0,
+  reset = 1,
+};
+
 enum class score_kind : std::uint8_t {
   l1 = 0,    // s_j = sum_i |g_ij|
   l2sq = 1,  // s_j = sum_i g_ij^2
@@ -59,6 +67,7 @@ struct config {
   double auto_ratio = 0.99;                        // share of matrices for an "auto" boundary
   std::uint32_t steps_per_epoch = 0;               // S when select_interval is "auto"
   score_kind score = score_kind::l1;
+  reselect_policy reselect_moments = reselect_policy::keep;
   // --- the update -------------------------------------------------------------------------
   adamw_hyper adam{};
   double max_grad_norm = 0.0;  // global L2 clip of the unscaled gradient; 0 = off
@@ -107,6 +116,8 @@ struct config {
                                  std::to_string(update_interval.steps) + ")", std::to_string(s));
     if (!(auto_ratio > 0.0 && auto_ratio <= 1.0)) bad("auto_ratio", "must be in (0, 1]", num(auto_ratio));
     if (score != score_kind::l1 && score != score_kind::l2sq) bad("score", "must be l1 or l2sq", "?");
+    if (reselect_moments != reselect_policy::keep && reselect_moments != reselect_policy::reset)
+      bad("reselect_moments", "must be keep or reset", "?");
     if (!(std::isfinite(adam.lr) && adam.lr >= 0)) bad("lr", "must be finite and >= 0", num(adam.lr));
     if (!(adam.beta1 >= 0 && adam.beta1 < 1)) bad("beta1", "must be in [0, 1)", num(adam.beta1));
     if (!(adam.beta2 >= 0 && adam.beta2 < 1)) bad("beta2", "must be in [0, 1)", num(adam.beta2));
@@ -176,6 +187,8 @@ struct config {
 //   pt_reserved_cores_perc number in [0, 1]: host_threads = max(1, round(cores * (1 - p)))
 //   score                 "l1" | "l2sq"        (zenflow's own key)
 //   host_threads          integer >= 0         (zenflow's own key; not with pt_reserved_cores_perc)
+//   reselect_moments      "keep" | "reset"     (zenflow's own key: what a joining column's Adam
+//                         moments and count become; "reset" is the original implementation's)
 //   param_groups          object of named groups (zenflow's own key), each an object with
 //                         "lr_scale" and/or "weight_decay_scale" (numbers, default 1):
 //                         {"no_decay": {"weight_decay_scale": 0}}; the trainer puts a tensor in
@@ -224,7 +237,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   static constexpr std::string_view known[] = {
       "topk_ratio", "select_strategy", "select_interval", "update_interval", "full_warm_up_rounds",
       "overlap_step", "auto_ratio", "steps_per_epoch", "offload", "pt_reserved_cores_perc",
-      "score", "host_threads", "param_groups"};
+      "score", "host_threads", "param_groups", "reselect_moments"};
   for (const auto& k : block.keys) {
     bool ok = false;
     for (auto n : known) ok = ok || k == n;
@@ -254,6 +267,12 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   if ((v = block.find("steps_per_epoch"))) c.steps_per_epoch = json_uint32(*v, key("steps_per_epoch"));
   if ((v = block.find("offload")) && json_expect(*v, json::kind::boolean, key("offload")).boolean)
     json_bad(key("offload"), "= true is not supported (zenflow keeps the device moments on the device)");
+  if ((v = block.find("reselect_moments"))) {
+    const std::string& s = json_string(*v, key("reselect_moments"));
+    if (s == "keep") c.reselect_moments = reselect_policy::keep;
+    else if (s == "reset") c.reselect_moments = reselect_policy::reset;
+    else json_bad(key("reselect_moments"), "must be \"keep\" or \"reset\", got \"" + s + "\"");
+  }
   if ((v = block.find("score"))) {
     const std::string& s = json_string(*v, key("score"));
     if (s == "l1") c.score = score_kind::l1;
@@ -431,6 +450,8 @@ inline std::string to_json(const config& c) {
   s += "    \"auto_ratio\": " + num(c.auto_ratio) + ",\n";
   s += "    \"steps_per_epoch\": " + std::to_string(c.steps_per_epoch) + ",\n";
   s += std::string("    \"score\": ") + (c.score == score_kind::l1 ? "\"l1\"" : "\"l2sq\"") + ",\n";
+  s += std::string("    \"reselect_moments\": ") +
+       (c.reselect_moments == reselect_policy::keep ? "\"keep\"" : "\"reset\"") + ",\n";
   s += "    \"host_threads\": " + std::to_string(c.host_threads);
   if (!c.param_groups.empty()) {
     s += ",\n    \"param_groups\": {";

@@ -847,16 +847,22 @@ class optimizer {
       transport_.to_host(st, dev_stage_.data(), m * 4);
       for (std::size_t k = 0; k < m; ++k) std::memcpy(hs.counts.data() + leave_col[c0 + k], st + k * 4, 4);
     }
-    // joining: gathered on the host, one transfer, scattered into the new device slots
+    // joining: gathered on the host, one transfer, scattered into the new device slots (with
+    // reselect_moments = reset, moments and counts of zero cross instead of the host's)
+    const bool reset = cfg_.reselect_moments == reselect_policy::reset;
     for (std::size_t c0 = 0; c0 < nj; c0 += chunk) {
       const std::size_t m = std::min(chunk, nj - c0);
       for (int a = a0; a < 3; ++a) {
-        for (std::size_t k = 0; k < m; ++k)
-          std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
+        if (reset && a > 0) std::memset(st, 0, m * rows * 4);
+        else
+          for (std::size_t k = 0; k < m; ++k)
+            std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
         transport_.to_device(dev_stage_.data(), st, m * rows * 4);
         space_.move_slots(dev_nxt[a], join_dev + c0, dev_stage_.data(), nullptr, m, 4 * rows);
       }
-      for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * 4, hs.counts.data() + join_col[c0 + k], 4);
+      if (reset) std::memset(st, 0, m * 4);
+      else
+        for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * 4, hs.counts.data() + join_col[c0 + k], 4);
       transport_.to_device(dev_stage_.data(), st, m * 4);
       space_.move_slots(d.counts[nxt].data(), join_dev + c0, dev_stage_.data(), nullptr, m, 4);
     }

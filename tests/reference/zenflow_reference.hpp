@@ -23,6 +23,7 @@ struct zf_config {
   bool overlap = true;
   double auto_ratio = 0.99;
   bool score_l2sq = false;
+  bool reset_moments = false;  // a joining column starts with zero moments and count
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   bool classic = false;
   double max_grad_norm = 0;
@@ -139,6 +140,10 @@ class zenflow_model {
         std::vector<bool> next(x.cols, false);
         for (std::size_t j = 0; j < x.k; ++j) next[order[j]] = true;
         for (std::size_t c = 0; c < x.cols; ++c) {
+          if (cfg.reset_moments && !x.selected[c] && next[c]) {
+            for (std::size_t i = 0; i < x.rows; ++i) x.m[c * x.rows + i] = x.v[c * x.rows + i] = 0;
+            x.count[c] = 0;
+          }
           if (x.selected[c] && !next[c]) to_host += 12 * x.rows + 4;
           // (an fp32 param is its own master on the device: the master does not cross)
           if (!x.selected[c] && next[c]) to_device += (x.param_bytes == 4 ? 8 : 12) * x.rows + 4;
