@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,7 +35,8 @@ usage: char_lm [flags]
   --out DIR            where the CSV and SVG go (default char_lm_out)
   --help               this text
 Every optimizer trains the same model from the same initialisation on the same batches;
-the last 10% of the text is held out for validation.)";
+the last 10% of the text is held out for validation. Progress goes to stderr: one line updated
+in place on a terminal, a line every tenth of a run otherwise.)";
 
 long parse_int(const std::string& flag, const std::string& v, long lo) {
   std::size_t used = 0;
@@ -125,6 +127,33 @@ void write_svg(const std::string& path, const std::vector<char_lm::run_result>& 
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
+// The progress of a run on stderr: step, loss (a running mean), steps per second and the time
+// left. On a terminal one line rewritten in place (at most 10 times a second); otherwise, a
+// plain line every tenth of the run, so a log file stays readable.
+class progress_line {
+ public:
+  progress_line() : tty_(::isatty(STDERR_FILENO) != 0) {}
+  void operator()(const std::string& name, int step, int steps, double loss, double seconds) {
+    mean_ = step == 1 ? loss : 0.95 * mean_ + 0.05 * loss;
+    const bool last = step == steps;
+    if (tty_) {
+      if (!last && seconds - shown_ < 0.1) return;
+      shown_ = seconds;
+    } else if (step % std::max(1, steps / 10) != 0 && !last) {
+      return;
+    }
+    const double rate = double(step) / std::max(seconds, 1e-9);
+    std::fprintf(stderr, "%s%-12s step %5d/%d  loss %.4f  %7.1f steps/s  ETA %5.1f s%s", tty_ ? "\r" : "",
+                 name.c_str(), step, steps, mean_, rate, double(steps - step) / rate, tty_ && !last ? "" : "\n");
+    std::fflush(stderr);
+    if (last) shown_ = 0;
+  }
+
+ private:
+  bool tty_;
+  double mean_ = 0, shown_ = 0;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -170,6 +199,7 @@ int main(int argc, char** argv) try {
               o.hidden, c.alphabet.size(), c.unigram_entropy);
   std::printf("zenflow: topk_ratio %.2f, update_interval %u, overlap on; %d steps of %zu examples, lr %g, %u threads\n\n",
               o.topk, o.update_interval, o.steps, o.batch, double(o.lr), o.threads);
+  o.on_step = progress_line{};
   const auto runs = char_lm::run_all(c, o, [](const std::string& name) {
     std::printf("training with %s ...\n", name.c_str());
     std::fflush(stdout);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <stdexcept>
@@ -35,6 +36,9 @@ struct options {
   std::size_t eval_positions = 2048;
   std::vector<std::string> optimizers = {"adamw", "zenflow", "zero_offload"};
   std::vector<std::string> texts;  // empty: the license texts of the system
+  // told after every step: the run's name, the step, the steps in all, the step's loss and the
+  // seconds spent training so far (empty: nothing is reported)
+  std::function<void(const std::string&, int, int, double, double)> on_step;
 };
 
 struct corpus {
@@ -164,6 +168,7 @@ run_result train_with(const std::string& name, Optimizer& opt, const corpus& c, 
       opt.step();
     });
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (o.on_step) o.on_step(name, step, o.steps, loss, train_seconds);
     window_loss += loss;
     ++window;
     if (step % o.eval_every == 0 || step == o.steps) {
