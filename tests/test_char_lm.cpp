@@ -1,5 +1,6 @@
 // Acceptance of the example trainer (examples/char_lm): on the system's license texts, ZenFlow
-// with its default configuration ends within 2% (relative) of plain AdamW's validation loss,
+// with its default configuration fine-tunes a pretrained model to within 0.5% of plain AdamW's
+// validation loss (the default run), and from scratch ends within 2% of it (--from-scratch);
 // ZeRO-Offload equals AdamW (the same math, on the host), the model learns (loss well below the
 // unigram entropy), and a run is deterministic whatever the thread count.
 #include <doctest/doctest.h>
@@ -36,8 +37,9 @@ TEST_CASE("char_lm: zero_offload equals adamw, and runs are deterministic across
   for (std::size_t i = 0; i < one[0].curve.size(); ++i) CHECK(one[0].curve[i].valid == two[1].curve[i].valid);
 }
 
-TEST_CASE("char_lm: zenflow's validation loss is within 2% of adamw's, far below the unigram entropy") {
-  // The default model and length (1.6M parameters, 1200 steps, seed 1), AdamW and ZenFlow only.
+TEST_CASE("char_lm --from-scratch: zenflow's validation loss is within 2% of adamw's, far below the unigram entropy") {
+  // The default model and from-scratch length (1.6M parameters, 1200 steps, seed 1), AdamW and
+  // ZenFlow only.
   // The gap is a property of the training regime: shorter runs of this model end 0.7-3% apart
   // across seeds at 800 steps, while at the default length seeds 1-4 gave +1.8, +0.8, +1.6 and
   // +0.1%. The run is deterministic (same code, same seed: same bits), so this is not flaky.
@@ -67,4 +69,33 @@ TEST_CASE("char_lm: zenflow's validation loss is within 2% of adamw's, far below
   CHECK(zenflow <= 0.9 * c.unigram_entropy);
   // ZenFlow's traffic: about (1 - r) of the grads down each step and (1 - r)/U of the params up
   CHECK(runs[1].bytes_per_step == doctest::Approx(0.9 + 0.9 / 4).epsilon(0.02));
+}
+
+TEST_CASE("char_lm fine-tuning (the default): zenflow's validation loss is within 0.5% of adamw's") {
+  // The default run: AdamW pretrains the default model for 1200 steps on the copyleft licenses,
+  // then AdamW and ZenFlow fine-tune it for 600 steps on the other licenses (seed 1). ZenFlow's
+  // goal in its own regime: no worse than AdamW by more than 0.5%. (Seeds 1-4 gave the figures in
+  // README.md; the run is deterministic, so this is not flaky.)
+  char_lm::options o;
+  o.optimizers = {"adamw", "zenflow"};
+  o.steps = 600;
+  o.eval_every = 600;
+  const char_lm::corpora cs = char_lm::load_corpora({}, {});
+  if (zf_test::quick_mode()) {
+    MESSAGE("quick mode: short run; the 0.5% bound is checked by the normal run");
+    o.steps = 40;
+    o.pretrain_steps = 40;
+    o.hidden = 128;
+    o.eval_every = 40;
+    o.eval_positions = 256;
+    const auto ft = char_lm::run_finetune(cs, o, no_progress);
+    CHECK(ft.runs[1].final_valid < ft.runs[1].curve.front().valid);  // it learns something
+    return;
+  }
+  const auto ft = char_lm::run_finetune(cs, o, no_progress);
+  const double start = ft.runs[0].curve.front().valid, adamw = ft.runs[0].final_valid, zenflow = ft.runs[1].final_valid;
+  MESSAGE("fine-tuning valid loss: from ", start, " to adamw ", adamw, ", zenflow ", zenflow);
+  CHECK(ft.runs[1].curve.front().valid == start);  // both start from the same pretrained weights
+  CHECK(adamw < start);                            // fine-tuning helps
+  CHECK(zenflow <= 1.005 * adamw);
 }

@@ -19,9 +19,16 @@ namespace {
 const char* usage = R"(char_lm: train a character-level language model with zenflow
 
 usage: char_lm [flags]
-  --text FILE          train on FILE (repeatable); default: every file in /usr/share/common-licenses
+By default a fine-tuning run: AdamW pretrains the model on one text, then AdamW, ZenFlow and
+ZeRO-Offload each fine-tune it on another, from the same weights on the same batches.
+  --text FILE          pretrain on FILE (repeatable); default: the copyleft licenses (GPL, LGPL,
+                       GFDL) in /usr/share/common-licenses
+  --finetune-text FILE fine-tune on FILE (repeatable); default: the other licenses there
+  --pretrain-steps N   AdamW steps of pretraining (default 1200)
+  --from-scratch       instead: each optimizer trains a fresh model on the --text files
+                       (default: every license), as in the earlier versions of this example
   --optimizer LIST     comma-separated, in order: adamw,zenflow,zero_offload (default: all three)
-  --steps N            optimizer steps per run (default 1200)
+  --steps N            optimizer steps per run (default 600 fine-tuning, 1200 from scratch)
   --hidden H           width of the two hidden layers (default 1024: about 1.6M parameters)
   --context T          characters of context (default 16)
   --embed E            embedding width per character (default 32)
@@ -34,8 +41,8 @@ usage: char_lm [flags]
   --eval-every N       validation every N steps (default 200)
   --out DIR            where the CSV and SVG go (default char_lm_out)
   --help               this text
-Every optimizer trains the same model from the same initialisation on the same batches;
-the last 10% of the text is held out for validation. Progress goes to stderr: one line updated
+Every optimizer trains the same model from the same weights on the same batches; the last
+10% of each text is held out for validation. Progress goes to stderr: one line updated
 in place on a terminal, a line every tenth of a run otherwise.)";
 
 long parse_int(const std::string& flag, const std::string& v, long lo) {
@@ -159,20 +166,30 @@ class progress_line {
 int main(int argc, char** argv) try {
   char_lm::options o;
   std::string out = "char_lm_out";
+  bool steps_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::puts(usage);
       return 0;
     }
+    if (a == "--from-scratch") {
+      o.from_scratch = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument("unknown flag or missing value: " + a + " (try --help)");
     const std::string v = argv[++i];
     if (a == "--text") o.texts.push_back(v);
+    else if (a == "--finetune-text") o.finetune_texts.push_back(v);
+    else if (a == "--pretrain-steps") o.pretrain_steps = int(parse_int(a, v, 1));
     else if (a == "--optimizer") {
       o.optimizers.clear();
       std::stringstream ss(v);
       for (std::string item; std::getline(ss, item, ',');) o.optimizers.push_back(item);
-    } else if (a == "--steps") o.steps = int(parse_int(a, v, 1));
+    } else if (a == "--steps") {
+      o.steps = int(parse_int(a, v, 1));
+      steps_given = true;
+    }
     else if (a == "--hidden") o.hidden = std::size_t(parse_int(a, v, 1));
     else if (a == "--context") o.context = std::size_t(parse_int(a, v, 1));
     else if (a == "--embed") o.embed = std::size_t(parse_int(a, v, 1));
@@ -190,20 +207,46 @@ int main(int argc, char** argv) try {
     if (name != "adamw" && name != "zenflow" && name != "zero_offload")
       throw std::invalid_argument("unknown optimizer '" + name + "' (adamw, zenflow, zero_offload)");
 
-  const char_lm::corpus c = char_lm::load_corpus(o.texts);
-  const char_lm::model probe({c.alphabet.size(), o.context, o.embed, o.hidden}, 0);
-  std::printf("text: %zu file(s), %zu training and %zu validation characters, %zu distinct\n", c.files,
-              c.train.size(), c.valid.size(), c.alphabet.size());
-  std::printf("model: %zu parameters (embedding %zux%zu, dense %zux%zu, %zux%zu, %zux%zu); unigram entropy %.3f nats/char\n",
-              probe.parameters(), c.alphabet.size(), o.embed, o.context * o.embed, o.hidden, o.hidden, o.hidden,
-              o.hidden, c.alphabet.size(), c.unigram_entropy);
-  std::printf("zenflow: topk_ratio %.2f, update_interval %u, overlap on; %d steps of %zu examples, lr %g, %u threads\n\n",
-              o.topk, o.update_interval, o.steps, o.batch, double(o.lr), o.threads);
-  o.on_step = progress_line{};
-  const auto runs = char_lm::run_all(c, o, [](const std::string& name) {
+  if (!o.from_scratch && !steps_given) o.steps = 600;
+  if (o.from_scratch && !o.finetune_texts.empty()) throw std::invalid_argument("--finetune-text has no use with --from-scratch");
+  auto describe = [&](const char* what, const char_lm::corpus& c) {
+    std::printf("%s: %zu file(s), %zu training and %zu validation characters; unigram entropy %.3f nats/char\n", what,
+                c.files, c.train.size(), c.valid.size(), c.unigram_entropy);
+  };
+  auto announce = [](const std::string& name) {
     std::printf("training with %s ...\n", name.c_str());
     std::fflush(stdout);
-  });
+  };
+  char_lm::corpus c;  // the text the compared runs train on
+  std::vector<char_lm::run_result> runs;
+  o.on_step = progress_line{};
+  auto header = [&](const char_lm::corpus& cc) {
+    const char_lm::model probe({cc.alphabet.size(), o.context, o.embed, o.hidden}, 0);
+    std::printf("model: %zu parameters (embedding %zux%zu, dense %zux%zu, %zux%zu, %zux%zu), %zu distinct characters\n",
+                probe.parameters(), cc.alphabet.size(), o.embed, o.context * o.embed, o.hidden, o.hidden, o.hidden,
+                o.hidden, cc.alphabet.size(), cc.alphabet.size());
+    std::printf("zenflow: topk_ratio %.2f, update_interval %u, overlap on; %d steps of %zu examples, lr %g, %u threads\n\n",
+                o.topk, o.update_interval, o.steps, o.batch, double(o.lr), o.threads);
+  };
+  if (o.from_scratch) {
+    c = char_lm::load_corpus(o.texts);
+    describe("text", c);
+    header(c);
+    runs = char_lm::run_all(c, o, announce);
+  } else {
+    const char_lm::corpora cs = char_lm::load_corpora(o.texts, o.finetune_texts);
+    describe("pretraining text", cs.pretrain);
+    describe("fine-tuning text", cs.finetune);
+    std::printf("pretraining: AdamW, %d steps\n", o.pretrain_steps);
+    header(cs.finetune);
+    auto ft = char_lm::run_finetune(cs, o, announce);
+    std::printf("pretrained: train loss %.4f, valid loss %.4f on the pretraining text\n", ft.pretrain.final_train,
+                ft.pretrain.final_valid);
+    std::printf("fine-tuning starts at valid loss %.4f on the fine-tuning text\n",
+                ft.runs.empty() ? 0.0 : ft.runs.front().curve.front().valid);
+    c = cs.finetune;
+    runs = std::move(ft.runs);
+  }
 
   const char_lm::run_result* adamw = nullptr;
   for (const auto& r : runs)

@@ -36,6 +36,13 @@ struct options {
   std::size_t eval_positions = 2048;
   std::vector<std::string> optimizers = {"adamw", "zenflow", "zero_offload"};
   std::vector<std::string> texts;  // empty: the license texts of the system
+  // Fine-tuning (the default): the model is first trained with AdamW for pretrain_steps on
+  // `texts`, then each optimizer trains it on for `steps` from those weights on finetune_texts.
+  // Empty texts: the copyleft licenses (GPL, LGPL, GFDL) to pretrain, the others to fine-tune.
+  // from_scratch: every optimizer trains a fresh model on all of `texts` (default: every license).
+  bool from_scratch = false;
+  int pretrain_steps = 1200;
+  std::vector<std::string> finetune_texts;
   // told after every step: the run's name, the step, the steps in all, the step's loss and the
   // seconds spent training so far (empty: nothing is reported)
   std::function<void(const std::string&, int, int, double, double)> on_step;
@@ -50,20 +57,27 @@ struct corpus {
 
 inline const char* default_text_dir = "/usr/share/common-licenses";
 
-// Reads the texts (default: every regular file of the license directory, sorted by name,
-// symbolic links skipped), maps bytes to ids, keeps the last 10% for validation.
-inline corpus load_corpus(const std::vector<std::string>& texts) {
+// The license files (regular files of the license directory, sorted by name, symbolic links
+// skipped): all of them, or only the copyleft ones (GPL, LGPL, GFDL) or only the others.
+enum class licenses { all, copyleft, others };
+inline std::vector<std::string> license_files(licenses which) {
   namespace fs = std::filesystem;
-  std::vector<std::string> files = texts;
-  if (files.empty()) {
-    std::error_code ec;
-    if (!fs::is_directory(default_text_dir, ec))
-      throw std::runtime_error(std::string("no text given and ") + default_text_dir +
-                               " does not exist: pass a text file, e.g. --text book.txt");
-    for (const auto& e : fs::directory_iterator(default_text_dir))
-      if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
+  std::error_code ec;
+  if (!fs::is_directory(default_text_dir, ec))
+    throw std::runtime_error(std::string("no text given and ") + default_text_dir +
+                             " does not exist: pass a text file, e.g. --text book.txt");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(default_text_dir)) {
+    if (!e.is_regular_file() || e.is_symlink()) continue;
+    const std::string name = e.path().filename().string();
+    const bool copyleft = name.rfind("GPL", 0) == 0 || name.rfind("LGPL", 0) == 0 || name.rfind("GFDL", 0) == 0;
+    if (which == licenses::all || (which == licenses::copyleft) == copyleft) files.push_back(e.path().string());
   }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+inline std::vector<unsigned char> read_texts(const std::vector<std::string>& files) {
   std::vector<unsigned char> bytes;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
@@ -71,16 +85,18 @@ inline corpus load_corpus(const std::vector<std::string>& texts) {
     bytes.insert(bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   if (bytes.size() < 10000) throw std::runtime_error("the text is too short (" + std::to_string(bytes.size()) + " bytes; at least 10000 needed)");
+  return bytes;
+}
+
+// Maps the bytes to ids of `alphabet` (the sorted distinct bytes of every text in play) and keeps
+// the last 10% for validation.
+inline corpus make_corpus(const std::vector<unsigned char>& bytes, const std::vector<unsigned char>& alphabet,
+                          std::size_t files) {
   corpus c;
-  c.files = files.size();
+  c.files = files;
+  c.alphabet = alphabet;
   int id_of[256];
   std::fill(std::begin(id_of), std::end(id_of), -1);
-  for (unsigned char b : bytes)
-    if (id_of[b] < 0) {
-      id_of[b] = 0;
-      c.alphabet.push_back(b);
-    }
-  std::sort(c.alphabet.begin(), c.alphabet.end());
   for (std::size_t i = 0; i < c.alphabet.size(); ++i) id_of[c.alphabet[i]] = int(i);
   const std::size_t split = bytes.size() - bytes.size() / 10;
   for (std::size_t i = 0; i < bytes.size(); ++i) (i < split ? c.train : c.valid).push_back(std::uint8_t(id_of[bytes[i]]));
@@ -89,6 +105,36 @@ inline corpus load_corpus(const std::vector<std::string>& texts) {
   for (double f : freq)
     if (f > 0) c.unigram_entropy -= f / double(c.train.size()) * std::log(f / double(c.train.size()));
   return c;
+}
+
+inline std::vector<unsigned char> alphabet_of(std::initializer_list<const std::vector<unsigned char>*> texts) {
+  bool seen[256] = {};
+  for (const auto* t : texts)
+    for (unsigned char b : *t) seen[b] = true;
+  std::vector<unsigned char> a;
+  for (int b = 0; b < 256; ++b)
+    if (seen[b]) a.push_back(static_cast<unsigned char>(b));
+  return a;
+}
+
+// One corpus of the texts (default: every license file).
+inline corpus load_corpus(const std::vector<std::string>& texts) {
+  const std::vector<std::string> files = texts.empty() ? license_files(licenses::all) : texts;
+  const auto bytes = read_texts(files);
+  return make_corpus(bytes, alphabet_of({&bytes}), files.size());
+}
+
+// The pretraining and fine-tuning corpora, over one alphabet (default: the copyleft licenses,
+// then the others).
+struct corpora {
+  corpus pretrain, finetune;
+};
+inline corpora load_corpora(const std::vector<std::string>& pretrain_texts, const std::vector<std::string>& finetune_texts) {
+  const auto pf = pretrain_texts.empty() ? license_files(licenses::copyleft) : pretrain_texts;
+  const auto ff = finetune_texts.empty() ? license_files(licenses::others) : finetune_texts;
+  const auto pb = read_texts(pf), fb = read_texts(ff);
+  const auto alphabet = alphabet_of({&pb, &fb});
+  return {make_corpus(pb, alphabet, pf.size()), make_corpus(fb, alphabet, ff.size())};
 }
 
 struct curve_point {
@@ -126,11 +172,11 @@ inline double evaluate(model& m, const std::vector<std::uint8_t>& text, const st
   return total / double(pos.size());
 }
 
+// Trains m (from where it is) with opt for o.steps on c.
 template <class Optimizer>
-run_result train_with(const std::string& name, Optimizer& opt, const corpus& c, const options& o,
+run_result train_with(const std::string& name, Optimizer& opt, model& m, const corpus& c, const options& o,
                       tbb::task_arena& arena) {
-  shape sh{c.alphabet.size(), o.context, o.embed, o.hidden};
-  model m(sh, o.seed);  // the same initialisation for every optimizer
+  const shape sh = m.s;
   // ---- the zenflow integration: register the raw buffers, then step() after each backward ----
   using zenflow::rows, zenflow::cols;
   opt.add_matrix(zenflow::matrix(m.emb.data(), m.demb.data(), rows{sh.embed}, cols{sh.vocab}));  // a column per character
@@ -203,28 +249,59 @@ inline zenflow::config zenflow_config(const options& o) {
   return cfg;
 }
 
-// Runs every optimizer of o.optimizers on the same data; `progress` is told of each run's start.
+// Every optimizer of o.optimizers on the same data and batches, each from a copy of `start`;
+// `progress` is told of each run's start.
 template <class Progress>
-std::vector<run_result> run_all(const corpus& c, const options& o, Progress progress) {
-  tbb::task_arena arena(int(o.threads));
+std::vector<run_result> run_each(const corpus& c, const options& o, const model& start, tbb::task_arena& arena,
+                                 Progress progress) {
   std::vector<run_result> out;
   const zenflow::config cfg = zenflow_config(o);
   for (const auto& name : o.optimizers) {
     progress(name);
+    model m = start;
     if (name == "adamw") {
       zenflow::device_adam<> opt(cfg);
-      out.push_back(train_with(name, opt, c, o, arena));
+      out.push_back(train_with(name, opt, m, c, o, arena));
     } else if (name == "zenflow") {
       zenflow::optimizer<> opt(cfg);
-      out.push_back(train_with(name, opt, c, o, arena));
+      out.push_back(train_with(name, opt, m, c, o, arena));
     } else if (name == "zero_offload") {
       zenflow::zero_offload<> opt(cfg);
-      out.push_back(train_with(name, opt, c, o, arena));
+      out.push_back(train_with(name, opt, m, c, o, arena));
     } else {
       throw std::invalid_argument("unknown optimizer '" + name + "' (adamw, zenflow, zero_offload)");
     }
   }
   return out;
+}
+
+// From scratch: every optimizer trains the same freshly initialised model.
+template <class Progress>
+std::vector<run_result> run_all(const corpus& c, const options& o, Progress progress) {
+  tbb::task_arena arena(int(o.threads));
+  const model start(shape{c.alphabet.size(), o.context, o.embed, o.hidden}, o.seed);
+  return run_each(c, o, start, arena, progress);
+}
+
+// Fine-tuning: AdamW pretrains the model on cs.pretrain for o.pretrain_steps; then every
+// optimizer trains a copy of the pretrained model on cs.finetune for o.steps, with fresh
+// optimizer state (as a fine-tuning run starts), the same batches for each.
+struct finetune_result {
+  run_result pretrain;
+  model pretrained;
+  std::vector<run_result> runs;
+};
+template <class Progress>
+finetune_result run_finetune(const corpora& cs, const options& o, Progress progress) {
+  tbb::task_arena arena(int(o.threads));
+  model m(shape{cs.pretrain.alphabet.size(), o.context, o.embed, o.hidden}, o.seed);
+  options po = o;
+  po.steps = o.pretrain_steps;
+  progress("pretrain (adamw)");
+  zenflow::device_adam<> opt(zenflow_config(po));
+  run_result pre = train_with("pretrain", opt, m, cs.pretrain, po, arena);
+  std::vector<run_result> runs = run_each(cs.finetune, o, m, arena, progress);
+  return {std::move(pre), std::move(m), std::move(runs)};
 }
 
 }  // namespace char_lm
