@@ -225,7 +225,7 @@ class optimizer {
   // The fp32 master of a matrix, column after column ([cols][rows]).
   void copy_master(matrix_id matrix, float* out) {
     column_state(matrix.index(), out, [](auto& st, int b) { return st.master_of(b); },
-                 [](auto& hs) { return hs.master.data(); });
+                 [](auto& hs) { return hs.master.data(); }, true);
   }
   void copy_exp_avg(matrix_id matrix, float* out) {
     column_state(matrix.index(), out, [](auto& st, int b) { return st.exp_avg[b].data(); },
@@ -873,15 +873,16 @@ class optimizer {
     set_unselected(i);
   }
 
+  // (master: the array asked for is the master, which an fp32 param holds itself)
   template <class DeviceArray, class HostArray>
-  void column_state(std::size_t matrix, float* out, DeviceArray dev, HostArray host) {
+  void column_state(std::size_t matrix, float* out, DeviceArray dev, HostArray host, bool master = false) {
     check_matrix(matrix);
     quiesce();
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;
     if (host_.matrix(matrix).on_host) std::copy_n(host(host_.matrix(matrix)), rows * cols, out);
     auto& d = updater_.matrix(matrix);
-    if (!dev(d, d.cur)) {  // the master, held by the fp32 param: its selected columns
+    if (master && d.param_master) {  // the master, held by the fp32 param: its selected columns
       const std::vector<float> w = download<float>(static_cast<const float*>(p.param), rows * cols);
       for (const std::uint32_t c : selected_[matrix])
         for (std::size_t r = 0; r < rows; ++r) out[std::size_t(c) * rows + r] = w[element_offset(p.layout, rows, cols, r, c)];
