@@ -281,7 +281,9 @@ inline scenario random_scenario(std::uint64_t seed) {
   sc.steps = 25 + int(r.below(20));
   sc.nan_rate = r.below(2) ? 0.0 : 0.15;
   sc.vary_scale = r.below(2) != 0;
-  c.reselect_moments = r.below(3) == 0 ? reselect_policy::reset : reselect_policy::keep;  // (drawn last)
+  c.reselect_moments = r.below(3) == 0 ? reselect_policy::reset : reselect_policy::keep;
+  // (drawn last; the sum needs a fixed U)
+  c.host_gradient = r.below(4) == 0 && u != 0 ? window_gradient::sum : window_gradient::mean;
 
   zf_ref::zf_config& f = sc.ref;
   f.topk_ratio = ratio;
@@ -292,6 +294,7 @@ inline scenario random_scenario(std::uint64_t seed) {
   f.auto_ratio = c.auto_ratio;
   f.score_l2sq = c.score == score_kind::l2sq;
   f.reset_moments = c.reselect_moments == reselect_policy::reset;
+  f.window_sum = c.host_gradient == window_gradient::sum;
   f.lr = c.adam.lr;
   f.beta1 = c.adam.beta1;
   f.beta2 = c.adam.beta2;

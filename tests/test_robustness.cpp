@@ -4,6 +4,8 @@
 // (the same bits) or checks that the optimizer refuses further work with a clear error.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -144,6 +146,50 @@ TEST_CASE("a gradient whose square would overflow fp32 is skipped: no column's v
     opt.copy_master(matrix_id{0}, m2.data());
     CHECK(m1[col * R + 3] != m2[col * R + 3]);  // not frozen
   }
+}
+
+TEST_CASE("host_gradient = sum: the skip bound is 2^63 / U, so a window's sum squared stays finite") {
+  // U = 2 (small_config). A host update applies the sum of the window's two gradients: each step
+  // may carry at most 2^62 (~4.6e18), and a sum of two is then <= 2^63, whose square is finite.
+  // On a column left on the host by the first selection: a step of 9e18 fits the mean's bound
+  // (2^63) but not the sum's, so it is skipped with the sum and applied with the mean; steps of
+  // 4.5e18 on the same element are applied, and v stays finite (and holds them: > 1e30).
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    for (auto mode : {window_gradient::mean, window_gradient::sum}) {
+      CAPTURE(int(mode));
+      std::vector<float> w(R * C, 0.25f), dw(R * C, 0.0f);
+      config cfg = small_config(overlap);
+      cfg.host_gradient = mode;
+      optimizer<> opt(cfg);
+      opt.add_matrix({w.data(), dw.data(), R, C});
+      opt.initialize();
+      gradients(dw, 0);
+      REQUIRE_FALSE(opt.step().skipped);  // t = 1: the selection
+      const auto sel = opt.selected_columns(matrix_id{0});
+      std::uint32_t col = 0;
+      while (std::find(sel.begin(), sel.end(), col) != sel.end()) ++col;
+      gradients(dw, 1);
+      dw[col * R + 3] = 9.0e18f;
+      CHECK(opt.step().skipped == (mode == window_gradient::sum));
+      for (int s = 2; s < 5; ++s) {  // up to t = 4 (a boundary) or t = 5 (the next selection)
+        gradients(dw, s);
+        dw[col * R + 3] = 4.5e18f;  // <= 2^62 ~ 4.61e18
+        CHECK_FALSE(opt.step().skipped);
+      }
+      opt.synchronize();
+      std::vector<float> v(R * C);
+      opt.copy_exp_avg_sq(matrix_id{0}, v.data());
+      for (float x : v) CHECK(std::isfinite(x));
+      CHECK(v[col * R + 3] > 1e30f);
+    }
+  }
+  config auto_sum;
+  auto_sum.update_interval = interval::auto_();
+  auto_sum.host_gradient = window_gradient::sum;
+  CHECK_THROWS_WITH_AS(auto_sum.validate(),
+                       "zenflow config: host_gradient = sum needs an integer update_interval (not \"auto\"), got sum",
+                       config_error);
 }
 
 namespace {

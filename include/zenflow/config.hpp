@@ -44,6 +44,14 @@ enum class reselect_policy : std::uint8_t {
   reset = 1,
 };
 
+// The gradient a host update applies to an unselected column: the mean of the window's
+// gradients (zenflow's default, and the original implementation's with a fixed interval) or
+// their sum (what the original's "auto" interval ends up applying: an ablation knob).
+enum class window_gradient : std::uint8_t {
+  mean = 0,
+  sum = 1,
+};
+
 enum class score_kind : std::uint8_t {
   l1 = 0,    // s_j = sum_i |g_ij|
   l2sq = 1,  // s_j = sum_i g_ij^2
@@ -68,6 +76,7 @@ struct config {
   std::uint32_t steps_per_epoch = 0;               // S when select_interval is "auto"
   score_kind score = score_kind::l1;
   reselect_policy reselect_moments = reselect_policy::keep;
+  window_gradient host_gradient = window_gradient::mean;
   // --- the update -------------------------------------------------------------------------
   adamw_hyper adam{};
   double max_grad_norm = 0.0;  // global L2 clip of the unscaled gradient; 0 = off
@@ -118,6 +127,12 @@ struct config {
     if (score != score_kind::l1 && score != score_kind::l2sq) bad("score", "must be l1 or l2sq", "?");
     if (reselect_moments != reselect_policy::keep && reselect_moments != reselect_policy::reset)
       bad("reselect_moments", "must be keep or reset", "?");
+    if (host_gradient != window_gradient::mean && host_gradient != window_gradient::sum)
+      bad("host_gradient", "must be mean or sum", "?");
+    // a sum of U gradients must stay finite when squared: the skip bound becomes 2^63 / U, which
+    // needs a known U
+    if (host_gradient == window_gradient::sum && update_interval.automatic)
+      bad("host_gradient", "= sum needs an integer update_interval (not \"auto\")", "sum");
     if (!(std::isfinite(adam.lr) && adam.lr >= 0)) bad("lr", "must be finite and >= 0", num(adam.lr));
     if (!(adam.beta1 >= 0 && adam.beta1 < 1)) bad("beta1", "must be in [0, 1)", num(adam.beta1));
     if (!(adam.beta2 >= 0 && adam.beta2 < 1)) bad("beta2", "must be in [0, 1)", num(adam.beta2));
@@ -189,6 +204,8 @@ struct config {
 //   host_threads          integer >= 0         (zenflow's own key; not with pt_reserved_cores_perc)
 //   reselect_moments      "keep" | "reset"     (zenflow's own key: what a joining column's Adam
 //                         moments and count become; "reset" is the original implementation's)
+//   host_gradient         "mean" | "sum"       (zenflow's own key: the window's gradients a host
+//                         update applies, averaged or summed)
 //   param_groups          object of named groups (zenflow's own key), each an object with
 //                         "lr_scale" and/or "weight_decay_scale" (numbers, default 1):
 //                         {"no_decay": {"weight_decay_scale": 0}}; the trainer puts a tensor in
@@ -237,7 +254,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   static constexpr std::string_view known[] = {
       "topk_ratio", "select_strategy", "select_interval", "update_interval", "full_warm_up_rounds",
       "overlap_step", "auto_ratio", "steps_per_epoch", "offload", "pt_reserved_cores_perc",
-      "score", "host_threads", "param_groups", "reselect_moments"};
+      "score", "host_threads", "param_groups", "reselect_moments", "host_gradient"};
   for (const auto& k : block.keys) {
     bool ok = false;
     for (auto n : known) ok = ok || k == n;
@@ -272,6 +289,12 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
     if (s == "keep") c.reselect_moments = reselect_policy::keep;
     else if (s == "reset") c.reselect_moments = reselect_policy::reset;
     else json_bad(key("reselect_moments"), "must be \"keep\" or \"reset\", got \"" + s + "\"");
+  }
+  if ((v = block.find("host_gradient"))) {
+    const std::string& s = json_string(*v, key("host_gradient"));
+    if (s == "mean") c.host_gradient = window_gradient::mean;
+    else if (s == "sum") c.host_gradient = window_gradient::sum;
+    else json_bad(key("host_gradient"), "must be \"mean\" or \"sum\", got \"" + s + "\"");
   }
   if ((v = block.find("score"))) {
     const std::string& s = json_string(*v, key("score"));
@@ -452,6 +475,7 @@ inline std::string to_json(const config& c) {
   s += std::string("    \"score\": ") + (c.score == score_kind::l1 ? "\"l1\"" : "\"l2sq\"") + ",\n";
   s += std::string("    \"reselect_moments\": ") +
        (c.reselect_moments == reselect_policy::keep ? "\"keep\"" : "\"reset\"") + ",\n";
+  s += std::string("    \"host_gradient\": ") + (c.host_gradient == window_gradient::mean ? "\"mean\"" : "\"sum\"") + ",\n";
   s += "    \"host_threads\": " + std::to_string(c.host_threads);
   if (!c.param_groups.empty()) {
     s += ",\n    \"param_groups\": {";

@@ -350,7 +350,13 @@ class optimizer {
   // window mean on the host included (a mean of values each <= 2^63). A larger gradient would make
   // v infinite and freeze the column for the rest of the run (its update m / sqrt(v) is 0 from
   // then on, what PyTorch's AdamW does); such a step is skipped instead, like a non-finite one.
+  // With host_gradient = sum a host update applies the sum of U steps' gradients, so the bound
+  // is 2^63 / U (the config requires a fixed U then).
   static constexpr double max_applied_norm = 0x1p63;
+  double applied_norm_limit() const {
+    return cfg_.host_gradient == window_gradient::sum ? max_applied_norm / double(cfg_.update_interval.steps)
+                                                      : max_applied_norm;
+  }
 
   // step() once its arguments are checked: everything up to the gradient pass's verdict changes
   // nothing; a step whose gradient is not finite, or whose norm once unscaled and clipped exceeds
@@ -365,7 +371,7 @@ class optimizer {
     }
     const float factor = float(inv * clip);
     ++steps_;
-    if (!summary.finite || !(std::sqrt(summary.sumsq) * double(factor) <= max_applied_norm)) {
+    if (!summary.finite || !(std::sqrt(summary.sumsq) * double(factor) <= applied_norm_limit())) {
       ++skipped_;
       return {true, false, false, false, applied_};
     }
@@ -703,9 +709,9 @@ class optimizer {
     }
   }
 
-  // End of a window: host AdamW on every unselected column with the window mean.
+  // End of a window: host AdamW on every unselected column with the window mean (or sum).
   void boundary() {
-    const float div = float(window_steps_);
+    const float div = cfg_.host_gradient == window_gradient::sum ? 1.0f : float(window_steps_);
     const adamw_hyper hyper = cfg_.adam;
     const int which = active_acc_;
     auto job = [this, which, div, hyper] {

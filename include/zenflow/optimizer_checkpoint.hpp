@@ -430,6 +430,7 @@ struct optimizer_checkpoint {
     w.put(c.steps_per_epoch);
     w.put<std::uint8_t>(std::uint8_t(c.score));
     w.put<std::uint8_t>(std::uint8_t(c.reselect_moments));
+    w.put<std::uint8_t>(std::uint8_t(c.host_gradient));
     for (float x : {c.adam.lr, c.adam.beta1, c.adam.beta2, c.adam.eps, c.adam.weight_decay}) w.put(x);
     w.put<std::uint8_t>(std::uint8_t(c.adam.mode));
     w.put(c.max_grad_norm);
@@ -448,6 +449,7 @@ struct optimizer_checkpoint {
     c.steps_per_epoch = r.get<std::uint32_t>();
     c.score = score_kind(r.get<std::uint8_t>());
     c.reselect_moments = reselect_policy(r.get<std::uint8_t>());
+    c.host_gradient = window_gradient(r.get<std::uint8_t>());
     c.adam.lr = r.get<float>();
     c.adam.beta1 = r.get<float>();
     c.adam.beta2 = r.get<float>();
@@ -476,6 +478,7 @@ struct optimizer_checkpoint {
     differ("steps_per_epoch", f.steps_per_epoch, here.steps_per_epoch);
     differ("score", int(f.score), int(here.score));
     differ("reselect_moments", int(f.reselect_moments), int(here.reselect_moments));
+    differ("host_gradient", int(f.host_gradient), int(here.host_gradient));
     differ("beta1", f.adam.beta1, here.adam.beta1);
     differ("beta2", f.adam.beta2, here.adam.beta2);
     differ("eps", f.adam.eps, here.adam.eps);

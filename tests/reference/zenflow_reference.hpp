@@ -24,6 +24,7 @@ struct zf_config {
   double auto_ratio = 0.99;
   bool score_l2sq = false;
   bool reset_moments = false;  // a joining column starts with zero moments and count
+  bool window_sum = false;     // a host update applies the window's sum, not its mean
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   bool classic = false;
   double max_grad_norm = 0;
@@ -194,7 +195,8 @@ class zenflow_model {
       for (auto& x : mats) {
         for (std::size_t c = 0; c < x.cols; ++c) {
           if (x.selected[c]) continue;
-          adam_column(x, c, [&](std::size_t e) { return x.acc[e] / double(window_steps_); });
+          const double div = cfg.window_sum ? 1.0 : double(window_steps_);
+          adam_column(x, c, [&](std::size_t e) { return x.acc[e] / div; });
           for (std::size_t i = 0; i < x.rows; ++i) x.acc[c * x.rows + i] = 0;
           x.pending[c] = true;
         }
