@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing zenflow needs on Debian/Ubuntu, skipping what is there:
 # a C++20 compiler, CMake, Ninja, make and pkg-config (the package test), oneTBB, xsimd and
-# doctest, and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
+# doctest, Open MPI (the data-parallel tests), and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
 # ${ZENFLOW_TOOLS_DIR:-~/.cache/zenflow-tools}, not the system's Python); with --fuzz also clang
 # and its libFuzzer runtime. The CUDA toolkit is optional and not installed here (the host library
 # builds and tests without it).
 set -euo pipefail
-pkgs=(g++ cmake ninja-build make pkg-config libtbb-dev libxsimd-dev doctest-dev python3 python3-venv)
+pkgs=(g++ cmake ninja-build make pkg-config libtbb-dev libxsimd-dev doctest-dev python3 python3-venv
+  libopenmpi-dev openmpi-bin)
 if [ "${1:-}" = "--fuzz" ]; then pkgs+=(clang libclang-rt-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do

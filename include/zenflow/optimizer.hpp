@@ -27,6 +27,7 @@
 #include "config.hpp"
 #include "detail/array_pool.hpp"
 #include "detail/format.hpp"
+#include "communicator.hpp"
 #include "detail/registration.hpp"
 #include "detail/swap_plan.hpp"
 #include "device_update/fused_adamw.hpp"
@@ -58,6 +59,8 @@ struct optimizer_stats {
   // state descriptors (registrations count from the first one; the rest from initialize()).
   // Small next to the state unless a model has very many small tensors.
   std::uint64_t host_bookkeeping_bytes = 0;
+  // Data parallel (a multi-process Communicator): the bytes this rank sent to reduce gradients.
+  std::uint64_t bytes_reduced = 0;
 };
 
 struct step_info {
@@ -78,11 +81,21 @@ using default_transport_t = typename default_transport<Space>::type;
 
 template <class Space = host_space, selector_policy Selector = column_topk,
           class GpuUpdater = fused_adamw<Space>, host_accumulator_policy HostAccumulator = simd_accumulator,
-          transport_policy Transport = default_transport_t<Space>, scheduler_policy Scheduler = bounded_async>
+          transport_policy Transport = default_transport_t<Space>, scheduler_policy Scheduler = bounded_async,
+          communicator_policy Communicator = single_process>
   requires gpu_updater_policy<GpuUpdater, Space>
 class optimizer {
+  static constexpr bool data_parallel = !detail::single_process_v<Communicator>;
+  static_assert(!data_parallel || std::is_base_of_v<host_space, Space>,
+                "zenflow: a multi-process Communicator reduces gradients in host memory (the host space)");
+
  public:
-  explicit optimizer(const config& cfg) : cfg_(checked(cfg)), host_(cfg.host_threads) {}
+  explicit optimizer(const config& cfg)
+    requires std::default_initializable<Communicator>
+      : cfg_(checked(cfg)), host_(cfg.host_threads) {}
+  // Data parallel: `comm` reduces every rank's gradients before each step (communicator.hpp).
+  optimizer(const config& cfg, Communicator comm)
+      : cfg_(checked(cfg)), host_(cfg.host_threads), comm_(std::move(comm)) {}
   optimizer(const optimizer&) = delete;
   optimizer& operator=(const optimizer&) = delete;
   ~optimizer() {
@@ -138,6 +151,12 @@ class optimizer {
       iota_.clear();
       throw;
     }
+    if constexpr (data_parallel) {
+      std::size_t n = 0;
+      for (const auto& p : matrices_) n += p.rows * p.cols;
+      for (const auto& p : vectors_) n += p.n;
+      reduce_buf_.assign(n, 0.0f);
+    }
     initialized_ = true;
   }
 
@@ -156,7 +175,9 @@ class optimizer {
   }
 
   // One optimizer step with the gradients currently in the registered grad buffers, which hold
-  // the loss scaled by grad_scale. Returns what happened; a gradient that is not finite, or that
+  // the loss scaled by grad_scale. Data parallel, every rank calls it (a collective): the grad
+  // buffers are first replaced by the ranks' reduced gradient (rounded to their dtype), so
+  // every rank takes the same decisions and keeps the same state. Returns what happened; a gradient that is not finite, or that
   // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
   // are checked before anything changes; if the step still fails midway (a device or transfer
   // error), the optimizer refuses step() and save() until a checkpoint is loaded.
@@ -168,6 +189,7 @@ class optimizer {
     if (!std::isfinite(float(1.0 / double(grad_scale))))
       fail("grad_scale " + detail::exact(grad_scale) + " is too small: 1 / grad_scale overflows fp32");
     enter();
+    if constexpr (data_parallel) reduce_gradients();  // changes no optimizer state
     return guarded([&] { return step_checked(grad_scale); });
   }
   // Finishes any host update in flight and makes its result visible in the params.
@@ -212,8 +234,9 @@ class optimizer {
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     s.host_bookkeeping_bytes = bookkeeping_bytes();
+    s.bytes_reduced = comm_.bytes_sent();
     if (initialized_) {
-      s.host_pageable_bytes = host_.bytes_allocated();
+      s.host_pageable_bytes = host_.bytes_allocated() + 4 * reduce_buf_.size();
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
       s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size();
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
@@ -344,6 +367,35 @@ class optimizer {
   }
 
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
+
+  // Data parallel: every grad buffer, widened to fp32 into one array, reduced across the ranks,
+  // and written back rounded to its dtype (nearest even). A NaN or Inf on any rank makes the
+  // reduced element non-finite on every rank, so every rank skips the step.
+  void reduce_gradients() {
+    float* b = reduce_buf_.data();
+    auto each = [&](auto&& f) {
+      for (const auto& p : matrices_) f(const_cast<void*>(p.grad), p.grad_type, p.rows * p.cols);
+      for (const auto& p : vectors_) f(const_cast<void*>(p.grad), p.grad_type, p.n);
+    };
+    each([&](void* g, dtype t, std::size_t n) {
+      if (t == dtype::f32) std::memcpy(b, g, n * 4);
+      else if (t == dtype::bf16)
+        for (std::size_t i = 0; i < n; ++i) b[i] = to_float(static_cast<const bfloat16*>(g)[i]);
+      else
+        for (std::size_t i = 0; i < n; ++i) b[i] = to_float(static_cast<const float16*>(g)[i]);
+      b += n;
+    });
+    comm_.reduce(reduce_buf_.data(), reduce_buf_.size());
+    b = reduce_buf_.data();
+    each([&](void* g, dtype t, std::size_t n) {
+      if (t == dtype::f32) std::memcpy(g, b, n * 4);
+      else if (t == dtype::bf16)
+        for (std::size_t i = 0; i < n; ++i) static_cast<bfloat16*>(g)[i] = bfloat16(b[i]);
+      else
+        for (std::size_t i = 0; i < n; ++i) static_cast<float16*>(g)[i] = float16(b[i]);
+      b += n;
+    });
+  }
 
   // The largest ||g|| (unscaled, clipped) a step applies: every |g_i| <= ||g|| <= 2^63, so g_i^2 <=
   // 2^126 stays finite in fp32 (FLT_MAX is about 2^128), and so does Adam's second moment v, its
@@ -905,6 +957,8 @@ class optimizer {
   GpuUpdater updater_{};
   Transport transport_{};
   Scheduler scheduler_{};
+  [[no_unique_address]] Communicator comm_;
+  std::vector<float> reduce_buf_;  // data parallel: every gradient, as fp32, for the reduction
 
   std::vector<matrix_param> matrices_;
   std::vector<vector_param> vectors_;

@@ -1,0 +1,64 @@
+// The Communicator policy: how the ranks of a data-parallel job agree on one gradient before a
+// step. single_process (the default) is no communication at all; mpi_communicator
+// (<zenflow/mpi.hpp>) reduces the host space's gradients across MPI ranks.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zenflow {
+
+// What a reduction makes of the ranks' gradients: their mean (the usual data-parallel choice: the
+// gradient of the mean loss over the global batch) or their sum.
+enum class reduce_op : std::uint8_t { mean = 0, sum = 1 };
+
+// reduce(data, n) replaces data[0, n) on every rank by the reduction of every rank's data[0, n):
+// element by element, the sum in rank order ((x_0 + x_1) + x_2) + ... in fp32, divided by the
+// number of ranks for the mean. Every rank gets the same bits, and the same inputs give the same
+// bits run after run, whatever the transport underneath does.
+template <class T>
+concept communicator_policy = requires(T& c, const T& cc, float* data) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.reduce(data, std::size_t{});
+  { cc.bytes_sent() } -> std::convertible_to<std::uint64_t>;
+};
+
+// One process: nothing to reduce, zero cost (step() does not even look at the gradients).
+struct single_process {
+  static constexpr bool single = true;
+  int rank() const noexcept { return 0; }
+  int size() const noexcept { return 1; }
+  void reduce(float*, std::size_t) noexcept {}
+  std::uint64_t bytes_sent() const noexcept { return 0; }
+};
+
+namespace detail {
+
+template <class C>
+constexpr bool single_process_v = requires { requires C::single; };
+
+// The reduction's arithmetic, shared by every communicator and by the tests' reference: the
+// pieces[r][i] of ranks r = 0..R-1 summed in rank order, then the mean's division.
+inline void reduce_in_rank_order(const float* pieces, std::size_t count, int ranks, reduce_op op, float* out) {
+  const float div = float(ranks);
+  for (std::size_t i = 0; i < count; ++i) {
+    float s = pieces[i];
+    for (int r = 1; r < ranks; ++r) s += pieces[std::size_t(r) * count + i];
+    out[i] = op == reduce_op::mean ? s / div : s;
+  }
+}
+
+// Rank r's shard of n elements split among `ranks`: [shard_begin(r), shard_begin(r + 1)).
+// (floor(n r / R) without overflow: n = q R + m gives q r + floor(m r / R).)
+constexpr std::size_t shard_begin(std::size_t n, int ranks, int r) noexcept {
+  const std::size_t R = std::size_t(ranks), q = n / R, m = n % R;
+  return q * std::size_t(r) + m * std::size_t(r) / R;
+}
+
+}  // namespace detail
+}  // namespace zenflow

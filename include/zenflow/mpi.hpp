@@ -1,0 +1,106 @@
+// mpi_communicator: data parallelism across MPI ranks for the host space. Each rank's trainer
+// writes its local gradients; step() reduces them so every rank applies the same gradient and
+// keeps bit-identical optimizer state. The trainer keeps owning its MPI_Comm (zenflow works on
+// a duplicate, so its messages never mix with the trainer's); MPI must be initialised before
+// the communicator is made and finalised only after the optimizer is destroyed.
+//
+// The reduction is deterministic: each rank owns a contiguous shard of the elements; the ranks'
+// pieces of a shard go to its owner (MPI_Alltoallv), which sums them in rank order in fp32
+// (detail::reduce_in_rank_order), and the reduced shards are gathered back on every rank
+// (MPI_Allgatherv). No MPI reduction operator is used, so the bits do not depend on the MPI
+// library's algorithm; each rank sends about 2 (R - 1) / R of the gradient's fp32 bytes per step.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "communicator.hpp"
+
+namespace zenflow {
+
+class mpi_communicator {
+ public:
+  // The ranks of `comm` (duplicated: a collective call on every rank of it).
+  explicit mpi_communicator(MPI_Comm comm, reduce_op op = reduce_op::mean) : op_(op) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw std::logic_error("zenflow: mpi_communicator made before MPI_Init");
+    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become exceptions, not aborts
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  mpi_communicator(mpi_communicator&& o) noexcept
+      : comm_(o.comm_), op_(o.op_), rank_(o.rank_), size_(o.size_), sent_(o.sent_) {
+    o.comm_ = MPI_COMM_NULL;
+  }
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(mpi_communicator&&) = delete;
+  ~mpi_communicator() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  reduce_op op() const noexcept { return op_; }
+  std::uint64_t bytes_sent() const noexcept { return sent_; }
+
+  // See communicator_policy. Collective: every rank calls it with the same n.
+  void reduce(float* data, std::size_t n) {
+    if (size_ == 1) return;  // the sum of one, and its mean (x / 1 == x)
+    // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
+    constexpr std::size_t round_max = std::size_t(1) << 26;
+    const std::size_t R = std::size_t(size_);
+    std::vector<int> counts(R), displs(R), mine(R), mine_displs(R);
+    for (std::size_t off = 0; off < n; off += round_max) {
+      const std::size_t len = std::min(round_max, n - off);
+      for (std::size_t r = 0; r < R; ++r) {
+        displs[r] = int(detail::shard_begin(len, size_, int(r)));
+        counts[r] = int(detail::shard_begin(len, size_, int(r) + 1)) - displs[r];
+      }
+      const std::size_t m = std::size_t(counts[std::size_t(rank_)]);
+      pieces_.resize(m * R);
+      shard_.resize(m);
+      for (std::size_t r = 0; r < R; ++r) {
+        mine[r] = int(m);
+        mine_displs[r] = int(r * m);
+      }
+      check(MPI_Alltoallv(data + off, counts.data(), displs.data(), MPI_FLOAT, pieces_.data(), mine.data(),
+                          mine_displs.data(), MPI_FLOAT, comm_),
+            "MPI_Alltoallv");
+      detail::reduce_in_rank_order(pieces_.data(), m, size_, op_, shard_.data());
+      check(MPI_Allgatherv(shard_.data(), int(m), MPI_FLOAT, data + off, counts.data(), displs.data(), MPI_FLOAT,
+                           comm_),
+            "MPI_Allgatherv");
+      sent_ += ((len - m) + m * (R - 1)) * sizeof(float);  // the others' pieces, then my shard to each
+    }
+  }
+
+ private:
+  static void check(int rc, const char* what) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING] = {};
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw std::runtime_error(std::string("zenflow: ") + what + " failed: " + std::string(msg, std::size_t(len)));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  reduce_op op_ = reduce_op::mean;
+  int rank_ = 0, size_ = 1;
+  std::uint64_t sent_ = 0;
+  std::vector<float> pieces_, shard_;
+};
+
+static_assert(communicator_policy<mpi_communicator>);
+
+}  // namespace zenflow

@@ -1,0 +1,284 @@
+// Data parallel across MPI ranks (mpi_communicator): ctest runs this program under mpirun with
+// 1 to 4 ranks (label mpi). Each rank writes its own local gradients; the optimizer reduces them
+// before each step. Checked against an independent reference — one process, in this very rank,
+// fed the reduced gradient computed here from every rank's local gradient (sum in rank order in
+// fp32, divided by R for the mean, rounded to the grad dtype) — bit for bit, since the
+// reduction's order is fixed; every rank's state hashed and compared; a NaN on one rank; and
+// the same run twice.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <zenflow/mpi.hpp>
+#include <zenflow/zenflow.hpp>
+
+using namespace zenflow;
+
+namespace {
+
+int world(int what) {
+  int x = 0;
+  if (what == 0) MPI_Comm_rank(MPI_COMM_WORLD, &x);
+  else MPI_Comm_size(MPI_COMM_WORLD, &x);
+  return x;
+}
+int my_rank() { return world(0); }
+int ranks() { return world(1); }
+
+// Three tensors with three grad dtypes: an fp32 matrix with bf16 grads, a bf16 row-major matrix
+// with fp32 grads, an fp32 vector with fp16 grads.
+constexpr std::size_t R0 = 16, C0 = 40, R1 = 8, C1 = 24, N2 = 20;
+struct model {
+  std::vector<float> w0 = std::vector<float>(R0 * C0);
+  std::vector<bfloat16> g0 = std::vector<bfloat16>(R0 * C0);
+  std::vector<bfloat16> w1 = std::vector<bfloat16>(R1 * C1);
+  std::vector<float> g1 = std::vector<float>(R1 * C1);
+  std::vector<float> b2 = std::vector<float>(N2);
+  std::vector<float16> g2 = std::vector<float16>(N2);
+  model() {
+    for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = std::sin(float(i)) * 0.5f;
+    for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = bfloat16(std::cos(float(i)) * 0.5f);
+    for (std::size_t i = 0; i < b2.size(); ++i) b2[i] = 0.01f * float(i);
+  }
+  template <class Opt>
+  void add_to(Opt& opt) {
+    opt.add_matrix(matrix(w0.data(), g0.data(), rows{R0}, cols{C0}).dtypes(dtype::f32, dtype::bf16));
+    opt.add_matrix(matrix(w1.data(), g1.data(), rows{R1}, cols{C1}).row_major().dtypes(dtype::bf16, dtype::f32));
+    opt.add_vector(zenflow::vector(b2.data(), g2.data(), N2).dtypes(dtype::f32, dtype::f16));
+  }
+};
+
+// Rank r's local gradient at step s, element i of tensor k (a hash mapped to [-1, 1), with a
+// per-column scale so that the top-k selection has something to find). NaN where asked.
+float local(int r, int s, int k, std::size_t i) {
+  std::uint64_t h = (std::uint64_t(r) * 1000003u + std::uint64_t(s)) * 7919u + std::uint64_t(k) * 104729u + i;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  const float u = float(h >> 40) / float(1u << 24) * 2.0f - 1.0f;
+  return u * (1.0f + float((i / 8 + std::size_t(s)) % 5));
+}
+
+// Each grad buffer as the trainer of rank r writes it at step s, or (ranks > 0) the reduced
+// gradient of `ranks` ranks: every rank's value rounded to the grad dtype, widened, summed in
+// rank order in fp32, divided by the number of ranks for the mean, rounded to the dtype.
+struct gradient_source {
+  int nan_rank = -1, nan_step = -1;
+  float value(int r, int s, int k, std::size_t i) const {
+    if (r == nan_rank && s == nan_step && k == 0 && i == 5) return std::numeric_limits<float>::quiet_NaN();
+    return local(r, s, k, i);
+  }
+  template <class T>
+  static float as_written(float x) {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return to_float(T(x));
+  }
+  template <class T>
+  void fill(std::vector<T>& g, int k, int s, int rank, int reduce_ranks, reduce_op op) const {
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      float x = 0;
+      if (reduce_ranks == 0) {
+        x = value(rank, s, k, i);
+      } else {
+        x = as_written<T>(value(0, s, k, i));
+        for (int r = 1; r < reduce_ranks; ++r) x += as_written<T>(value(r, s, k, i));
+        if (op == reduce_op::mean) x /= float(reduce_ranks);
+      }
+      if constexpr (std::is_same_v<T, float>) g[i] = x;
+      else g[i] = T(x);
+    }
+  }
+  void local_grads(model& m, int s) const {
+    fill(m.g0, 0, s, my_rank(), 0, reduce_op::mean);
+    fill(m.g1, 1, s, my_rank(), 0, reduce_op::mean);
+    fill(m.g2, 2, s, my_rank(), 0, reduce_op::mean);
+  }
+  void reduced_grads(model& m, int s, reduce_op op) const {
+    fill(m.g0, 0, s, 0, ranks(), op);
+    fill(m.g1, 1, s, 0, ranks(), op);
+    fill(m.g2, 2, s, 0, ranks(), op);
+  }
+};
+
+config test_config(bool overlap) {
+  config c;
+  c.topk_ratio = 0.25;
+  c.update_interval = interval::every(2);
+  c.select_interval = interval::every(4);
+  c.overlap_step = overlap;
+  c.adam.lr = 1e-2f;
+  c.host_threads = 1;
+  return c;
+}
+
+using dp_optimizer =
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, mpi_communicator>;
+
+// Params, masters and moments after a run, as bytes.
+template <class Opt>
+std::vector<unsigned char> state_of(Opt& opt, model& m) {
+  opt.synchronize();
+  std::vector<unsigned char> out;
+  auto add = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  add(m.w0.data(), 4 * m.w0.size());
+  add(m.w1.data(), 2 * m.w1.size());
+  add(m.b2.data(), 4 * m.b2.size());
+  for (std::size_t k = 0; k < 2; ++k) {
+    std::vector<float> x(k == 0 ? R0 * C0 : R1 * C1);
+    for (int what = 0; what < 3; ++what) {
+      if (what == 0) opt.copy_master(matrix_id{k}, x.data());
+      if (what == 1) opt.copy_exp_avg(matrix_id{k}, x.data());
+      if (what == 2) opt.copy_exp_avg_sq(matrix_id{k}, x.data());
+      add(x.data(), 4 * x.size());
+    }
+  }
+  return out;
+}
+
+std::uint64_t fnv(const std::vector<unsigned char>& b) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : b) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Is x the same on every rank?
+bool same_everywhere(std::uint64_t x) {
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks()));
+  MPI_Allgather(&x, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (auto y : all)
+    if (y != x) return false;
+  return true;
+}
+
+struct run_out {
+  std::vector<unsigned char> state;
+  std::vector<bool> skipped;
+  optimizer_stats stats;
+};
+
+run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap, int steps) {
+  model m;
+  dp_optimizer opt(test_config(overlap), mpi_communicator(MPI_COMM_WORLD, op));
+  m.add_to(opt);
+  opt.initialize();
+  run_out out;
+  for (int s = 0; s < steps; ++s) {
+    src.local_grads(m, s);
+    out.skipped.push_back(opt.step().skipped);
+  }
+  out.state = state_of(opt, m);
+  out.stats = opt.stats();
+  return out;
+}
+
+run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, int steps) {
+  model m;
+  optimizer<> opt(test_config(overlap));
+  m.add_to(opt);
+  opt.initialize();
+  run_out out;
+  for (int s = 0; s < steps; ++s) {
+    src.reduced_grads(m, s, op);
+    out.skipped.push_back(opt.step().skipped);
+  }
+  out.state = state_of(opt, m);
+  out.stats = opt.stats();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bit for bit, on every rank") {
+  const int steps = 13;  // selections at t = 1, 5, 9, 13; boundaries every 2
+  for (reduce_op op : {reduce_op::mean, reduce_op::sum}) {
+    for (bool overlap : {false, true}) {
+      CAPTURE(int(op));
+      CAPTURE(overlap);
+      const gradient_source src;
+      const auto dp = data_parallel_run(src, op, overlap, steps);
+      const auto ref = reference_run(src, op, overlap, steps);
+      CHECK(dp.state == ref.state);
+      CHECK(dp.skipped == ref.skipped);
+      CHECK(same_everywhere(fnv(dp.state)));
+      CHECK(dp.stats.selections == ref.stats.selections);
+      CHECK(dp.stats.bytes_to_host == ref.stats.bytes_to_host);
+      // what this rank sent: per step, the others' pieces of the gradient and its own shard to
+      // each of the others (4 bytes an element)
+      const std::size_t n = R0 * C0 + R1 * C1 + N2, R = std::size_t(ranks());
+      const std::size_t mine = detail::shard_begin(n, ranks(), my_rank() + 1) - detail::shard_begin(n, ranks(), my_rank());
+      CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * 4 * ((n - mine) + mine * (R - 1)));
+    }
+  }
+}
+
+TEST_CASE("data parallel: a NaN on one rank skips the step on every rank") {
+  gradient_source src;
+  src.nan_rank = ranks() - 1;
+  src.nan_step = 6;
+  const auto dp = data_parallel_run(src, reduce_op::mean, true, 10);
+  CHECK(dp.skipped[6]);
+  CHECK(dp.stats.skipped_steps == 1);
+  CHECK(same_everywhere(fnv(dp.state)));
+  const auto ref = reference_run(src, reduce_op::mean, true, 10);  // the reduced NaN skips there too
+  CHECK(ref.skipped[6]);
+  CHECK(dp.state == ref.state);
+}
+
+TEST_CASE("data parallel: the same inputs give the same bits run after run") {
+  const gradient_source src;
+  const auto a = data_parallel_run(src, reduce_op::mean, true, 9);
+  const auto b = data_parallel_run(src, reduce_op::mean, true, 9);
+  CHECK(a.state == b.state);
+  CHECK(same_everywhere(fnv(a.state)));
+}
+
+TEST_CASE("data parallel: the reduction's shards cover every element once, whatever n and R") {
+  for (std::size_t n : {0u, 1u, 3u, 7u, 1000u, 1000003u})
+    for (int R = 1; R <= 9; ++R) {
+      CHECK(detail::shard_begin(n, R, 0) == 0);
+      CHECK(detail::shard_begin(n, R, R) == n);
+      for (int r = 0; r < R; ++r) {
+        const std::size_t size = detail::shard_begin(n, R, r + 1) - detail::shard_begin(n, R, r);
+        CHECK(size >= n / std::size_t(R));  // balanced: n / R or one more
+        CHECK(size <= n / std::size_t(R) + 1);
+      }
+    }
+  // near 2^64: no overflow in n * r
+  const std::size_t big = std::numeric_limits<std::size_t>::max() - 5;
+  CHECK(detail::shard_begin(big, 4, 2) == big / 2);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    doctest::Context ctx(argc, argv);
+    std::ofstream quiet;
+    if (my_rank() != 0) {  // one report: rank 0's (a failure elsewhere still fails the run)
+      quiet.open("/dev/null");
+      ctx.setCout(&quiet);
+    }
+    rc = ctx.run();
+    int any = 0;  // a failure on any rank fails every rank's exit status
+    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any != 0) {
+      if (my_rank() == 0) std::printf("zenflow test_mpi: a check failed on at least one of %d ranks\n", ranks());
+      rc = 1;
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
