@@ -32,8 +32,13 @@ struct options {
   double topk = 0.1;
   unsigned update_interval = 4;
   float lr = 1e-3f;
-  int eval_every = 200;
-  std::size_t eval_positions = 2048;
+  // The loss curves get a point every eval_every steps: the mean training loss of the batches
+  // since the last point, and the validation loss on eval_positions evenly spaced held-out
+  // positions. The final validation loss (and the starting one) is measured on final_positions
+  // of them (0: every held-out position).
+  int eval_every = 20;
+  std::size_t eval_positions = 1024;
+  std::size_t final_positions = 0;
   std::vector<std::string> optimizers = {"adamw", "zenflow", "zero_offload"};
   std::vector<std::string> texts;  // empty: the license texts of the system
   // Fine-tuning (the default): the model is first trained with AdamW for pretrain_steps on
@@ -88,10 +93,17 @@ inline std::vector<unsigned char> read_texts(const std::vector<std::string>& fil
   return bytes;
 }
 
-// Maps the bytes to ids of `alphabet` (the sorted distinct bytes of every text in play) and keeps
-// the last 10% for validation.
+// Which characters are held out for validation: the last 10% of the text (the from-scratch
+// comparison, as published), or one block of every ten (`blocks`: 512-character blocks, the
+// tenth of each run of ten; the held-out text then samples every file instead of the tail of
+// the last one, which makes the fine-tuning comparison far less noisy).
+enum class holdout { tail, blocks };
+inline constexpr std::size_t holdout_block = 512;
+
+// Maps the bytes to ids of `alphabet` (the sorted distinct bytes of every text in play) and
+// splits them into training and validation text.
 inline corpus make_corpus(const std::vector<unsigned char>& bytes, const std::vector<unsigned char>& alphabet,
-                          std::size_t files) {
+                          std::size_t files, holdout how = holdout::tail) {
   corpus c;
   c.files = files;
   c.alphabet = alphabet;
@@ -99,7 +111,10 @@ inline corpus make_corpus(const std::vector<unsigned char>& bytes, const std::ve
   std::fill(std::begin(id_of), std::end(id_of), -1);
   for (std::size_t i = 0; i < c.alphabet.size(); ++i) id_of[c.alphabet[i]] = int(i);
   const std::size_t split = bytes.size() - bytes.size() / 10;
-  for (std::size_t i = 0; i < bytes.size(); ++i) (i < split ? c.train : c.valid).push_back(std::uint8_t(id_of[bytes[i]]));
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const bool held = how == holdout::tail ? i >= split : (i / holdout_block) % 10 == 9;
+    (held ? c.valid : c.train).push_back(std::uint8_t(id_of[bytes[i]]));
+  }
   std::vector<double> freq(c.alphabet.size(), 0);
   for (auto id : c.train) freq[id] += 1;
   for (double f : freq)
@@ -125,7 +140,7 @@ inline corpus load_corpus(const std::vector<std::string>& texts) {
 }
 
 // The pretraining and fine-tuning corpora, over one alphabet (default: the copyleft licenses,
-// then the others).
+// then the others), each with one 512-character block of every ten held out.
 struct corpora {
   corpus pretrain, finetune;
 };
@@ -134,7 +149,7 @@ inline corpora load_corpora(const std::vector<std::string>& pretrain_texts, cons
   const auto ff = finetune_texts.empty() ? license_files(licenses::others) : finetune_texts;
   const auto pb = read_texts(pf), fb = read_texts(ff);
   const auto alphabet = alphabet_of({&pb, &fb});
-  return {make_corpus(pb, alphabet, pf.size()), make_corpus(fb, alphabet, ff.size())};
+  return {make_corpus(pb, alphabet, pf.size(), holdout::blocks), make_corpus(fb, alphabet, ff.size(), holdout::blocks)};
 }
 
 struct curve_point {
@@ -145,16 +160,17 @@ struct curve_point {
 struct run_result {
   std::string name;
   std::vector<curve_point> curve;
+  double start_valid = 0;  // before the first step, on the final_positions
   double final_train = 0, final_valid = 0, steps_per_second = 0, stall_seconds = 0;
   double bytes_per_step = 0;  // host<->device bytes per step, as a multiple of the model's bytes
   zenflow::optimizer_stats stats;
 };
 
-// Evenly spaced prediction positions of a text.
+// Evenly spaced prediction positions of a text (count 0: all of them).
 inline std::vector<std::size_t> eval_positions(const std::vector<std::uint8_t>& text, std::size_t context,
                                                std::size_t count) {
   const std::size_t span = text.size() - context - 1;
-  count = std::min(count, span);
+  count = count == 0 ? span : std::min(count, span);
   std::vector<std::size_t> pos(count);
   for (std::size_t i = 0; i < count; ++i) pos[i] = i * span / count;
   return pos;
@@ -191,6 +207,7 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
   std::mt19937_64 gen(o.seed ^ 0x9e3779b97f4a7c15ull);  // the same batches for every optimizer
   std::uniform_int_distribution<std::size_t> at(0, c.train.size() - o.context - 2);
   const auto valid_pos = eval_positions(c.valid, o.context, o.eval_positions);
+  const auto final_pos = eval_positions(c.valid, o.context, o.final_positions);
   batch_state st;
   std::vector<std::size_t> pos(o.batch);
   double window_loss = 0;
@@ -202,6 +219,7 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
     arena.execute([&] {
       v = evaluate(m, c.valid, valid_pos);
       t = evaluate(m, c.train, train_pos);
+      r.start_valid = final_pos == valid_pos ? v : evaluate(m, c.valid, final_pos);
     });
     r.curve.push_back({0, t, v});
   }
@@ -222,14 +240,16 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
       // flight); synchronizing here would land it early and change the run. The last one waits.
       if (step == o.steps) opt.synchronize();
       double v = 0;
-      arena.execute([&] { v = evaluate(m, c.valid, valid_pos); });
+      arena.execute([&] {
+        v = evaluate(m, c.valid, valid_pos);
+        if (step == o.steps) r.final_valid = final_pos == valid_pos ? v : evaluate(m, c.valid, final_pos);
+      });
       r.curve.push_back({step, window_loss / window, v});
       window_loss = 0;
       window = 0;
     }
   }
   r.final_train = r.curve.back().train;
-  r.final_valid = r.curve.back().valid;
   r.steps_per_second = double(o.steps) / train_seconds;
   r.stats = opt.stats();
   r.stall_seconds = r.stats.stall_seconds;
@@ -249,27 +269,95 @@ inline zenflow::config zenflow_config(const options& o) {
   return cfg;
 }
 
+// Is v a number and nothing else? Then x is its value.
+inline bool parse_number(const std::string& v, double& x) {
+  std::size_t used = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (...) {
+    return false;
+  }
+  return used == v.size();
+}
+
+// The optimizer of a run, as written in --optimizer: "adamw", "zenflow" or "zero_offload",
+// then settings that differ from the options, each ":key=value": lr=X for any of them, and for
+// zenflow topk=R, U=N (the selection interval stays 16 U), reselect=keep|reset and
+// grad=mean|sum (the config's reselect_moments and host_gradient). "zenflow:topk=0.05:U=8".
+struct optimizer_spec {
+  std::string name;  // as written: the run's name
+  std::string kind;  // adamw, zenflow or zero_offload
+  zenflow::config cfg;
+};
+
+inline optimizer_spec parse_spec(const std::string& text, const options& o) {
+  auto bad = [&](const std::string& why) {
+    throw std::invalid_argument("optimizer '" + text + "': " + why +
+                                " (adamw, zenflow or zero_offload, then :lr=X; zenflow also :topk=R, :U=N, "
+                                ":reselect=keep|reset, :grad=mean|sum)");
+  };
+  auto number = [&](const std::string& key, const std::string& v) {
+    double x = 0;
+    if (!parse_number(v, x) || !std::isfinite(x)) bad(key + " expects a number, got '" + v + "'");
+    return x;
+  };
+  optimizer_spec sp;
+  sp.name = text;
+  const std::size_t colon = text.find(':');
+  sp.kind = text.substr(0, colon);
+  if (sp.kind != "adamw" && sp.kind != "zenflow" && sp.kind != "zero_offload")
+    throw std::invalid_argument("unknown optimizer '" + sp.kind + "' (adamw, zenflow, zero_offload)");
+  options so = o;
+  std::string reselect = "keep", grad = "mean";
+  for (std::size_t at = colon; at != std::string::npos;) {
+    const std::size_t next = text.find(':', at + 1);
+    const std::string item = text.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    at = next;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) bad("a setting is key=value, got '" + item + "'");
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "lr") so.lr = float(number(key, v));
+    else if (sp.kind != "zenflow") bad("'" + key + "' is a zenflow setting");
+    else if (key == "topk") so.topk = number(key, v);
+    else if (key == "U") {
+      const double u = number(key, v);
+      if (!(u >= 1 && u <= 1e6 && u == std::floor(u))) bad("U expects an integer >= 1, got '" + v + "'");
+      so.update_interval = unsigned(u);
+    } else if (key == "reselect" && (v == "keep" || v == "reset")) reselect = v;
+    else if (key == "grad" && (v == "mean" || v == "sum")) grad = v;
+    else bad("unknown setting '" + item + "'");
+  }
+  sp.cfg = zenflow_config(so);
+  sp.cfg.reselect_moments = reselect == "keep" ? zenflow::reselect_policy::keep : zenflow::reselect_policy::reset;
+  sp.cfg.host_gradient = grad == "mean" ? zenflow::window_gradient::mean : zenflow::window_gradient::sum;
+  try {
+    sp.cfg.validate();
+  } catch (const zenflow::config_error& e) {
+    bad(e.what());
+  }
+  return sp;
+}
+
 // Every optimizer of o.optimizers on the same data and batches, each from a copy of `start`;
 // `progress` is told of each run's start.
 template <class Progress>
 std::vector<run_result> run_each(const corpus& c, const options& o, const model& start, tbb::task_arena& arena,
                                  Progress progress) {
+  std::vector<optimizer_spec> specs;
+  for (const auto& text : o.optimizers) specs.push_back(parse_spec(text, o));  // all checked first
   std::vector<run_result> out;
-  const zenflow::config cfg = zenflow_config(o);
-  for (const auto& name : o.optimizers) {
-    progress(name);
+  for (const auto& sp : specs) {
+    progress(sp.name);
     model m = start;
-    if (name == "adamw") {
-      zenflow::device_adam<> opt(cfg);
-      out.push_back(train_with(name, opt, m, c, o, arena));
-    } else if (name == "zenflow") {
-      zenflow::optimizer<> opt(cfg);
-      out.push_back(train_with(name, opt, m, c, o, arena));
-    } else if (name == "zero_offload") {
-      zenflow::zero_offload<> opt(cfg);
-      out.push_back(train_with(name, opt, m, c, o, arena));
+    if (sp.kind == "adamw") {
+      zenflow::device_adam<> opt(sp.cfg);
+      out.push_back(train_with(sp.name, opt, m, c, o, arena));
+    } else if (sp.kind == "zenflow") {
+      zenflow::optimizer<> opt(sp.cfg);
+      out.push_back(train_with(sp.name, opt, m, c, o, arena));
     } else {
-      throw std::invalid_argument("unknown optimizer '" + name + "' (adamw, zenflow, zero_offload)");
+      zenflow::zero_offload<> opt(sp.cfg);
+      out.push_back(train_with(sp.name, opt, m, c, o, arena));
     }
   }
   return out;
@@ -297,6 +385,8 @@ finetune_result run_finetune(const corpora& cs, const options& o, Progress progr
   model m(shape{cs.pretrain.alphabet.size(), o.context, o.embed, o.hidden}, o.seed);
   options po = o;
   po.steps = o.pretrain_steps;
+  po.eval_every = po.steps;  // only the pretrained model's losses are reported
+  po.final_positions = 2048;
   progress("pretrain (adamw)");
   zenflow::device_adam<> opt(zenflow_config(po));
   run_result pre = train_with("pretrain", opt, m, cs.pretrain, po, arena);
