@@ -48,6 +48,9 @@ ZeRO-Offload each fine-tune it on another, from the same weights on the same bat
   --seeds LIST         --ablation: comma-separated seeds (default 1,2,3,4)
   --eval-every N       a point of the loss curves every N steps (default 20)
   --out DIR            where the CSV and SVG go (default char_lm_out)
+  --data-parallel      run under mpirun: every rank trains on its own batches and the optimizers
+                       reduce the gradients (mean; global batch = ranks x --batch); rank 0
+                       reports (needs a build with MPI)
   --help               this text
 Every optimizer trains the same model from the same weights on the same batches. One
 512-character block in ten of each text is held out for validation; the final validation loss
@@ -336,10 +339,14 @@ int run_ablation(char_lm::options o, const std::vector<std::uint64_t>& seeds, bo
 
 }  // namespace
 
+#ifdef CHAR_LM_MPI
+bool mpi_started = false;
+#endif
+
 int main(int argc, char** argv) try {
   char_lm::options o;
   std::string out = "char_lm_out";
-  bool steps_given = false, ablation = false, variants_given = false, eval_given = false;
+  bool steps_given = false, ablation = false, variants_given = false, eval_given = false, data_parallel = false;
   std::vector<std::uint64_t> seeds = {1, 2, 3, 4};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -353,6 +360,10 @@ int main(int argc, char** argv) try {
     }
     if (a == "--ablation") {
       ablation = true;
+      continue;
+    }
+    if (a == "--data-parallel") {
+      data_parallel = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument("unknown flag or missing value: " + a + " (try --help)");
@@ -408,6 +419,24 @@ int main(int argc, char** argv) try {
   char_lm::corpus c;  // the text the compared runs train on
   std::vector<char_lm::run_result> runs;
   o.on_step = progress_line{};
+  if (data_parallel) {
+    if (ablation) throw std::invalid_argument("--ablation runs in one process: not with --data-parallel");
+#ifdef CHAR_LM_MPI
+    MPI_Init(&argc, &argv);
+    mpi_started = true;
+    MPI_Comm_rank(MPI_COMM_WORLD, &o.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &o.ranks);
+    if (o.rank != 0) {  // one report: rank 0's
+      o.on_step = nullptr;
+      if (!std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("cannot silence rank " + std::to_string(o.rank));
+    }
+    std::printf("data parallel: %d ranks, each %zu examples a step (global batch %zu); losses: rank 0's batches, the "
+                "held-out text\n",
+                o.ranks, o.batch, o.batch * std::size_t(o.ranks));
+#else
+    throw std::invalid_argument("--data-parallel: this char_lm was built without MPI");
+#endif
+  }
   if (ablation) {
     if (!steps_given) o.steps = 600;
     if (!eval_given) o.eval_every = o.steps;  // only the final losses are compared
@@ -455,12 +484,31 @@ int main(int argc, char** argv) try {
     std::printf("| %-*s | %10.4f | %10.4f | %8s | %7.1f | %7.3f | %20.3f |\n", w, r.name.c_str(), r.final_train,
                 r.final_valid, rel, r.steps_per_second, r.stall_seconds, r.bytes_per_step);
   }
-  std::filesystem::create_directories(out);
-  write_csv(out + "/loss_curves.csv", runs);
-  write_svg(out + "/loss_curves.svg", runs, c.unigram_entropy);
-  std::printf("\nloss curves: %s/loss_curves.csv, %s/loss_curves.svg\n", out.c_str(), out.c_str());
+#ifdef CHAR_LM_MPI
+  if (mpi_started) {  // every rank must hold the same model: its validation losses, bit for bit
+    std::vector<double> mine;
+    for (const auto& r : runs) mine.push_back(r.final_valid);
+    std::vector<double> all(mine.size() * std::size_t(o.ranks));
+    MPI_Allgather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE, MPI_COMM_WORLD);
+    const bool same = std::equal(all.begin(), all.end() - std::ptrdiff_t(mine.size()), all.begin() + std::ptrdiff_t(mine.size()));
+    std::printf("\ndata parallel: final validation losses %s on all %d ranks\n", same ? "identical" : "DIFFERENT", o.ranks);
+    if (!same) throw std::runtime_error("the ranks' models differ");
+  }
+  if (o.rank == 0) {
+#endif
+    std::filesystem::create_directories(out);
+    write_csv(out + "/loss_curves.csv", runs);
+    write_svg(out + "/loss_curves.svg", runs, c.unigram_entropy);
+    std::printf("\nloss curves: %s/loss_curves.csv, %s/loss_curves.svg\n", out.c_str(), out.c_str());
+#ifdef CHAR_LM_MPI
+  }
+  if (mpi_started) MPI_Finalize();
+#endif
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "char_lm: %s\n", e.what());
+#ifdef CHAR_LM_MPI
+  if (mpi_started) MPI_Abort(MPI_COMM_WORLD, 2);  // the other ranks would wait for this one forever
+#endif
   return 2;
 }

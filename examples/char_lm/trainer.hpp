@@ -19,6 +19,9 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <zenflow/zenflow.hpp>
+#ifdef CHAR_LM_MPI
+#include <zenflow/mpi.hpp>
+#endif
 
 #include "model.hpp"
 
@@ -29,6 +32,10 @@ struct options {
   std::size_t hidden = 1024, context = 16, embed = 32, batch = 32;
   unsigned threads = 2;
   std::uint64_t seed = 1;
+  // Data parallel (built with MPI, run under mpirun): this process's rank and the number of
+  // ranks. Each rank draws its own batches (rank 0 the single-process ones); the optimizers
+  // reduce the gradients (mean), so every rank keeps the same model.
+  int rank = 0, ranks = 1;
   double topk = 0.1;
   unsigned update_interval = 4;
   float lr = 1e-3f;
@@ -204,7 +211,8 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
   // -----------------------------------------------------------------------------------------
   run_result r;
   r.name = name;
-  std::mt19937_64 gen(o.seed ^ 0x9e3779b97f4a7c15ull);  // the same batches for every optimizer
+  // the same batches for every optimizer; per rank its own
+  std::mt19937_64 gen(o.seed ^ 0x9e3779b97f4a7c15ull ^ (std::uint64_t(o.rank) * 0xd1b54a32d192ed03ull));
   std::uniform_int_distribution<std::size_t> at(0, c.train.size() - o.context - 2);
   const auto valid_pos = eval_positions(c.valid, o.context, o.eval_positions);
   const auto final_pos = eval_positions(c.valid, o.context, o.final_positions);
@@ -349,6 +357,27 @@ std::vector<run_result> run_each(const corpus& c, const options& o, const model&
   for (const auto& sp : specs) {
     progress(sp.name);
     model m = start;
+    if (o.ranks > 1) {
+#ifdef CHAR_LM_MPI
+      auto comm = [] { return zenflow::mpi_communicator(MPI_COMM_WORLD, zenflow::reduce_op::mean); };
+      if (sp.kind == "adamw") {
+        zenflow::device_adam<zenflow::host_space, zenflow::mpi_communicator> opt(sp.cfg, comm());
+        out.push_back(train_with(sp.name, opt, m, c, o, arena));
+      } else if (sp.kind == "zenflow") {
+        using zenflow::host_space;
+        zenflow::optimizer<host_space, zenflow::column_topk, zenflow::fused_adamw<host_space>, zenflow::simd_accumulator,
+                           zenflow::host_copy, zenflow::bounded_async, zenflow::mpi_communicator>
+            opt(sp.cfg, comm());
+        out.push_back(train_with(sp.name, opt, m, c, o, arena));
+      } else {
+        zenflow::zero_offload<zenflow::host_space, zenflow::mpi_communicator> opt(sp.cfg, comm());
+        out.push_back(train_with(sp.name, opt, m, c, o, arena));
+      }
+      continue;
+#else
+      throw std::invalid_argument("data parallel: char_lm was built without MPI");
+#endif
+    }
     if (sp.kind == "adamw") {
       zenflow::device_adam<> opt(sp.cfg);
       out.push_back(train_with(sp.name, opt, m, c, o, arena));
@@ -387,6 +416,8 @@ finetune_result run_finetune(const corpora& cs, const options& o, Progress progr
   po.steps = o.pretrain_steps;
   po.eval_every = po.steps;  // only the pretrained model's losses are reported
   po.final_positions = 2048;
+  po.rank = 0;  // data parallel: every rank pretrains the same model on rank 0's batches, alone
+  po.ranks = 1;
   progress("pretrain (adamw)");
   zenflow::device_adam<> opt(zenflow_config(po));
   run_result pre = train_with("pretrain", opt, m, cs.pretrain, po, arena);

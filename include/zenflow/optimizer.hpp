@@ -175,12 +175,13 @@ class optimizer {
   }
 
   // One optimizer step with the gradients currently in the registered grad buffers, which hold
-  // the loss scaled by grad_scale. Data parallel, every rank calls it (a collective): the grad
-  // buffers are first replaced by the ranks' reduced gradient (rounded to their dtype), so
-  // every rank takes the same decisions and keeps the same state. Returns what happened; a gradient that is not finite, or that
+  // the loss scaled by grad_scale. Returns what happened; a gradient that is not finite, or that
   // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
   // are checked before anything changes; if the step still fails midway (a device or transfer
-  // error), the optimizer refuses step() and save() until a checkpoint is loaded.
+  // error), the optimizer refuses step() and save() until a checkpoint is loaded. Data
+  // parallel, every rank calls it (a collective): the grad buffers are first replaced by the
+  // ranks' reduced gradient (rounded to their dtype), so every rank takes the same decisions
+  // and keeps the same state.
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
     check_usable();
@@ -988,9 +989,13 @@ class optimizer {
 // Baselines as policy combinations.
 
 // ZeRO-Offload: no column on the device, a host AdamW of everything every step, synchronous.
-template <class Space = host_space>
-class zero_offload : public optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous> {
-  using base = optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous>;
+// (Data parallel with a Communicator, as the optimizer.)
+template <class Space = host_space, communicator_policy Communicator = single_process>
+class zero_offload
+    : public optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous,
+                       Communicator> {
+  using base = optimizer<Space, select_none, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>,
+                         synchronous, Communicator>;
   static config adjust(config c) {
     c.topk_ratio = 0;
     c.update_interval = interval::every(1);
@@ -1001,13 +1006,19 @@ class zero_offload : public optimizer<Space, select_none, fused_adamw<Space>, si
   }
 
  public:
-  explicit zero_offload(const config& c = {}) : base(adjust(c)) {}
+  explicit zero_offload(const config& c = {})
+    requires std::default_initializable<Communicator>
+      : base(adjust(c)) {}
+  zero_offload(const config& c, Communicator comm) : base(adjust(c), std::move(comm)) {}
 };
 
 // Plain AdamW where the model trains: every column selected once, nothing left on the host.
-template <class Space = host_space>
-class device_adam : public optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous> {
-  using base = optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous>;
+template <class Space = host_space, communicator_policy Communicator = single_process>
+class device_adam
+    : public optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>, synchronous,
+                       Communicator> {
+  using base = optimizer<Space, select_all, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>,
+                         synchronous, Communicator>;
   static config adjust(config c) {
     c.topk_ratio = 1;
     c.update_interval = interval::every(1);
@@ -1018,7 +1029,10 @@ class device_adam : public optimizer<Space, select_all, fused_adamw<Space>, simd
   }
 
  public:
-  explicit device_adam(const config& c = {}) : base(adjust(c)) {}
+  explicit device_adam(const config& c = {})
+    requires std::default_initializable<Communicator>
+      : base(adjust(c)) {}
+  device_adam(const config& c, Communicator comm) : base(adjust(c), std::move(comm)) {}
 };
 
 }  // namespace zenflow
