@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -243,6 +244,52 @@ TEST_CASE("data parallel: the same inputs give the same bits run after run") {
   const auto b = data_parallel_run(src, reduce_op::mean, true, 9);
   CHECK(a.state == b.state);
   CHECK(same_everywhere(fnv(a.state)));
+}
+
+TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks again or with one") {
+  // Every rank saves its own checkpoint after k steps (the state is replicated: each is whole).
+  // Resuming on all the ranks, or on each rank alone (a communicator of one: a different R),
+  // equals one process fed the reduced gradient of the ranks in play at each step.
+  const gradient_source src;
+  const int k = 7, n = 12;
+  const config cfg = test_config(true);
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/mpi_resume_" + std::to_string(my_rank()) + ".zfc";
+  {
+    model m;
+    dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+    m.add_to(opt);
+    opt.initialize();
+    for (int s = 0; s < k; ++s) {
+      src.local_grads(m, s);
+      opt.step();
+    }
+    opt.save(path);
+  }
+  for (bool alone : {false, true}) {
+    CAPTURE(alone);
+    MPI_Comm comm = MPI_COMM_WORLD;
+    if (alone) MPI_Comm_split(MPI_COMM_WORLD, my_rank(), 0, &comm);
+    model m;  // fresh weights: the checkpoint brings the saved ones
+    dp_optimizer opt(cfg, mpi_communicator(comm));
+    if (alone) MPI_Comm_free(&comm);  // (the communicator works on its own duplicate)
+    m.add_to(opt);
+    opt.initialize();
+    opt.load(path);
+    for (int s = k; s < n; ++s) {
+      src.local_grads(m, s);
+      opt.step();
+    }
+    model r;
+    optimizer<> ref(cfg);
+    r.add_to(ref);
+    ref.initialize();
+    for (int s = 0; s < n; ++s) {
+      if (s >= k && alone) src.local_grads(r, s);  // a rank alone: its own gradient is the reduced one
+      else src.reduced_grads(r, s, reduce_op::mean);
+      ref.step();
+    }
+    CHECK(state_of(opt, m) == state_of(ref, r));
+  }
 }
 
 TEST_CASE("data parallel: the reduction's shards cover every element once, whatever n and R") {
