@@ -108,7 +108,7 @@ TEST_CASE("config_from_json: each key sets its field, absent keys keep the base"
   config c = config_from_json(R"({"topk_ratio": 0.25, "update_interval": 8, "select_strategy": "step",
       "select_interval": 32, "full_warm_up_rounds": 3.0, "overlap_step": false, "auto_ratio": 0.5,
       "steps_per_epoch": 100, "offload": false, "score": "l2sq", "host_threads": 6, "reselect_moments": "reset",
-      "host_gradient": "sum"})");
+      "host_gradient": "sum", "gradient_reduction": "sum"})");
   CHECK(c.topk_ratio == 0.25);
   CHECK(c.update_interval == interval::every(8));
   CHECK(c.select_interval == interval::every(32));
@@ -122,6 +122,8 @@ TEST_CASE("config_from_json: each key sets its field, absent keys keep the base"
   CHECK(def.reselect_moments == reselect_policy::keep);  // the default: lossless
   CHECK(c.host_gradient == window_gradient::sum);
   CHECK(def.host_gradient == window_gradient::mean);
+  CHECK(c.gradient_reduction == reduce_op::sum);
+  CHECK(def.gradient_reduction == reduce_op::mean);
   CHECK(c.adam.lr == def.adam.lr);  // not in the block
 
   // select_strategy x select_interval
@@ -198,7 +200,7 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
                     "zenflow config: unknown key \"topk\" in the zenflow block (known: topk_ratio, select_strategy, "
                     "select_interval, update_interval, full_warm_up_rounds, overlap_step, auto_ratio, "
                     "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads, param_groups, "
-                    "reselect_moments, host_gradient)");
+                    "reselect_moments, host_gradient, gradient_reduction)");
   expect_json_error(R"({"topk_ratio": "0.1"})", "zenflow config: topk_ratio must be a number, got a string 0.1 (line 1)");
   expect_json_error("{\n\"overlap_step\": 1}", "zenflow config: overlap_step must be a boolean, got a number 1 (line 2)");
   expect_json_error(R"({"topk_ratio": 2})", "zenflow config: topk_ratio must be in [0, 1], got 2");
@@ -225,6 +227,8 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   expect_json_error(R"({"score": "l2"})", "zenflow config: score must be \"l1\" or \"l2sq\", got \"l2\"");
   expect_json_error(R"({"reselect_moments": "zero"})",
                     "zenflow config: reselect_moments must be \"keep\" or \"reset\", got \"zero\"");
+  expect_json_error(R"({"gradient_reduction": "max"})",
+                    "zenflow config: gradient_reduction must be \"mean\" or \"sum\", got \"max\"");
   expect_json_error(R"({"host_gradient": "avg"})",
                     "zenflow config: host_gradient must be \"mean\" or \"sum\", got \"avg\"");
   expect_json_error(R"({"host_gradient": "sum", "update_interval": "auto"})",
@@ -287,7 +291,7 @@ TEST_CASE("config_from_deepspeed_json: the block, the optimizer and clipping") {
                   "zenflow config: unknown key \"interval\" in zero_optimization.zenflow (known: topk_ratio, select_strategy, "
                   "select_interval, update_interval, full_warm_up_rounds, overlap_step, auto_ratio, "
                   "steps_per_epoch, offload, pt_reserved_cores_perc, score, host_threads, param_groups, "
-                    "reselect_moments, host_gradient)");
+                    "reselect_moments, host_gradient, gradient_reduction)");
   expect_ds_error(R"({"zero_optimization": {"zenflow": {"update_interval": true}}})",
                   "zenflow config: zero_optimization.zenflow.update_interval must be a number, got a boolean (line 1)");
   expect_ds_error(R"({"optimizer": {"type": "SGD"}, "zero_optimization": {"zenflow": {}}})",
@@ -340,6 +344,7 @@ TEST_CASE("to_json: random configurations read back equal") {
     c.reselect_moments = (rng() & 1) ? reselect_policy::keep : reselect_policy::reset;
     if (!c.update_interval.automatic)
       c.host_gradient = (rng() & 1) ? window_gradient::mean : window_gradient::sum;
+    c.gradient_reduction = (rng() & 1) ? reduce_op::mean : reduce_op::sum;
     for (int g = 0; g < int(rng() % 3); ++g)  // names that need escaping included
       c.param_groups.push_back({"group \"" + std::to_string(g) + "\"\n", {float(u01(rng) * 2), float(u01(rng) * 0.9)}});
     REQUIRE_NOTHROW(c.validate());

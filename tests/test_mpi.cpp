@@ -172,7 +172,9 @@ struct run_out {
 
 run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap, int steps) {
   model m;
-  dp_optimizer opt(test_config(overlap), mpi_communicator(MPI_COMM_WORLD, op));
+  config cfg = test_config(overlap);
+  cfg.gradient_reduction = op;
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
   m.add_to(opt);
   opt.initialize();
   run_out out;

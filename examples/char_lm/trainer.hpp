@@ -359,7 +359,7 @@ std::vector<run_result> run_each(const corpus& c, const options& o, const model&
     model m = start;
     if (o.ranks > 1) {
 #ifdef CHAR_LM_MPI
-      auto comm = [] { return zenflow::mpi_communicator(MPI_COMM_WORLD, zenflow::reduce_op::mean); };
+      auto comm = [] { return zenflow::mpi_communicator(MPI_COMM_WORLD); };  // (the config's mean)
       if (sp.kind == "adamw") {
         zenflow::device_adam<zenflow::host_space, zenflow::mpi_communicator> opt(sp.cfg, comm());
         out.push_back(train_with(sp.name, opt, m, c, o, arena));

@@ -10,13 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "config.hpp"  // reduce_op
+
 namespace zenflow {
 
-// What a reduction makes of the ranks' gradients: their mean (the usual data-parallel choice: the
-// gradient of the mean loss over the global batch) or their sum.
-enum class reduce_op : std::uint8_t { mean = 0, sum = 1 };
-
-// reduce(data, n) replaces data[0, n) on every rank by the reduction of every rank's data[0, n):
+// reduce(data, n, op) replaces data[0, n) on every rank by the reduction of every rank's data[0, n):
 // element by element, the sum in rank order ((x_0 + x_1) + x_2) + ... in fp32, divided by the
 // number of ranks for the mean. Every rank gets the same bits, and the same inputs give the same
 // bits run after run, whatever the transport underneath does.
@@ -24,7 +22,7 @@ template <class T>
 concept communicator_policy = requires(T& c, const T& cc, float* data) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
-  c.reduce(data, std::size_t{});
+  c.reduce(data, std::size_t{}, reduce_op::mean);
   { cc.bytes_sent() } -> std::convertible_to<std::uint64_t>;
 };
 
@@ -33,7 +31,7 @@ struct single_process {
   static constexpr bool single = true;
   int rank() const noexcept { return 0; }
   int size() const noexcept { return 1; }
-  void reduce(float*, std::size_t) noexcept {}
+  void reduce(float*, std::size_t, reduce_op) noexcept {}
   std::uint64_t bytes_sent() const noexcept { return 0; }
 };
 

@@ -52,6 +52,13 @@ enum class window_gradient : std::uint8_t {
   sum = 1,
 };
 
+// Data parallel (a multi-process Communicator): what step() makes of the ranks' gradients, their
+// mean (the gradient of the mean loss over the global batch) or their sum.
+enum class reduce_op : std::uint8_t {
+  mean = 0,
+  sum = 1,
+};
+
 enum class score_kind : std::uint8_t {
   l1 = 0,    // s_j = sum_i |g_ij|
   l2sq = 1,  // s_j = sum_i g_ij^2
@@ -77,6 +84,7 @@ struct config {
   score_kind score = score_kind::l1;
   reselect_policy reselect_moments = reselect_policy::keep;
   window_gradient host_gradient = window_gradient::mean;
+  reduce_op gradient_reduction = reduce_op::mean;  // data parallel only
   // --- the update -------------------------------------------------------------------------
   adamw_hyper adam{};
   double max_grad_norm = 0.0;  // global L2 clip of the unscaled gradient; 0 = off
@@ -129,6 +137,8 @@ struct config {
       bad("reselect_moments", "must be keep or reset", "?");
     if (host_gradient != window_gradient::mean && host_gradient != window_gradient::sum)
       bad("host_gradient", "must be mean or sum", "?");
+    if (gradient_reduction != reduce_op::mean && gradient_reduction != reduce_op::sum)
+      bad("gradient_reduction", "must be mean or sum", "?");
     // a sum of U gradients must stay finite when squared: the skip bound becomes 2^63 / U, which
     // needs a known U
     if (host_gradient == window_gradient::sum && update_interval.automatic)
@@ -206,6 +216,8 @@ struct config {
 //                         moments and count become; "reset" is the original implementation's)
 //   host_gradient         "mean" | "sum"       (zenflow's own key: the window's gradients a host
 //                         update applies, averaged or summed)
+//   gradient_reduction    "mean" | "sum"       (zenflow's own key: data parallel, what step() makes
+//                         of the ranks' gradients)
 //   param_groups          object of named groups (zenflow's own key), each an object with
 //                         "lr_scale" and/or "weight_decay_scale" (numbers, default 1):
 //                         {"no_decay": {"weight_decay_scale": 0}}; the trainer puts a tensor in
@@ -254,7 +266,8 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   static constexpr std::string_view known[] = {
       "topk_ratio", "select_strategy", "select_interval", "update_interval", "full_warm_up_rounds",
       "overlap_step", "auto_ratio", "steps_per_epoch", "offload", "pt_reserved_cores_perc",
-      "score", "host_threads", "param_groups", "reselect_moments", "host_gradient"};
+      "score", "host_threads", "param_groups", "reselect_moments", "host_gradient",
+      "gradient_reduction"};
   for (const auto& k : block.keys) {
     bool ok = false;
     for (auto n : known) ok = ok || k == n;
@@ -295,6 +308,12 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
     if (s == "mean") c.host_gradient = window_gradient::mean;
     else if (s == "sum") c.host_gradient = window_gradient::sum;
     else json_bad(key("host_gradient"), "must be \"mean\" or \"sum\", got \"" + s + "\"");
+  }
+  if ((v = block.find("gradient_reduction"))) {
+    const std::string& s = json_string(*v, key("gradient_reduction"));
+    if (s == "mean") c.gradient_reduction = reduce_op::mean;
+    else if (s == "sum") c.gradient_reduction = reduce_op::sum;
+    else json_bad(key("gradient_reduction"), "must be \"mean\" or \"sum\", got \"" + s + "\"");
   }
   if ((v = block.find("score"))) {
     const std::string& s = json_string(*v, key("score"));
@@ -476,6 +495,7 @@ inline std::string to_json(const config& c) {
   s += std::string("    \"reselect_moments\": ") +
        (c.reselect_moments == reselect_policy::keep ? "\"keep\"" : "\"reset\"") + ",\n";
   s += std::string("    \"host_gradient\": ") + (c.host_gradient == window_gradient::mean ? "\"mean\"" : "\"sum\"") + ",\n";
+  s += std::string("    \"gradient_reduction\": ") + (c.gradient_reduction == reduce_op::mean ? "\"mean\"" : "\"sum\"") + ",\n";
   s += "    \"host_threads\": " + std::to_string(c.host_threads);
   if (!c.param_groups.empty()) {
     s += ",\n    \"param_groups\": {";

@@ -27,7 +27,7 @@ namespace zenflow {
 class mpi_communicator {
  public:
   // The ranks of `comm` (duplicated: a collective call on every rank of it).
-  explicit mpi_communicator(MPI_Comm comm, reduce_op op = reduce_op::mean) : op_(op) {
+  explicit mpi_communicator(MPI_Comm comm) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw std::logic_error("zenflow: mpi_communicator made before MPI_Init");
@@ -37,7 +37,7 @@ class mpi_communicator {
     MPI_Comm_size(comm_, &size_);
   }
   mpi_communicator(mpi_communicator&& o) noexcept
-      : comm_(o.comm_), op_(o.op_), rank_(o.rank_), size_(o.size_), sent_(o.sent_) {
+      : comm_(o.comm_), rank_(o.rank_), size_(o.size_), sent_(o.sent_) {
     o.comm_ = MPI_COMM_NULL;
   }
   mpi_communicator(const mpi_communicator&) = delete;
@@ -51,11 +51,10 @@ class mpi_communicator {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
-  reduce_op op() const noexcept { return op_; }
   std::uint64_t bytes_sent() const noexcept { return sent_; }
 
   // See communicator_policy. Collective: every rank calls it with the same n.
-  void reduce(float* data, std::size_t n) {
+  void reduce(float* data, std::size_t n, reduce_op op) {
     if (size_ == 1) return;  // the sum of one, and its mean (x / 1 == x)
     // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
     constexpr std::size_t round_max = std::size_t(1) << 26;
@@ -77,7 +76,7 @@ class mpi_communicator {
       check(MPI_Alltoallv(data + off, counts.data(), displs.data(), MPI_FLOAT, pieces_.data(), mine.data(),
                           mine_displs.data(), MPI_FLOAT, comm_),
             "MPI_Alltoallv");
-      detail::reduce_in_rank_order(pieces_.data(), m, size_, op_, shard_.data());
+      detail::reduce_in_rank_order(pieces_.data(), m, size_, op, shard_.data());
       check(MPI_Allgatherv(shard_.data(), int(m), MPI_FLOAT, data + off, counts.data(), displs.data(), MPI_FLOAT,
                            comm_),
             "MPI_Allgatherv");
@@ -95,7 +94,6 @@ class mpi_communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  reduce_op op_ = reduce_op::mean;
   int rank_ = 0, size_ = 1;
   std::uint64_t sent_ = 0;
   std::vector<float> pieces_, shard_;

@@ -386,7 +386,7 @@ class optimizer {
         for (std::size_t i = 0; i < n; ++i) b[i] = to_float(static_cast<const float16*>(g)[i]);
       b += n;
     });
-    comm_.reduce(reduce_buf_.data(), reduce_buf_.size());
+    comm_.reduce(reduce_buf_.data(), reduce_buf_.size(), cfg_.gradient_reduction);
     b = reduce_buf_.data();
     each([&](void* g, dtype t, std::size_t n) {
       if (t == dtype::f32) std::memcpy(g, b, n * 4);

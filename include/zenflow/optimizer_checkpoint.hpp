@@ -431,6 +431,7 @@ struct optimizer_checkpoint {
     w.put<std::uint8_t>(std::uint8_t(c.score));
     w.put<std::uint8_t>(std::uint8_t(c.reselect_moments));
     w.put<std::uint8_t>(std::uint8_t(c.host_gradient));
+    w.put<std::uint8_t>(std::uint8_t(c.gradient_reduction));
     for (float x : {c.adam.lr, c.adam.beta1, c.adam.beta2, c.adam.eps, c.adam.weight_decay}) w.put(x);
     w.put<std::uint8_t>(std::uint8_t(c.adam.mode));
     w.put(c.max_grad_norm);
@@ -450,6 +451,7 @@ struct optimizer_checkpoint {
     c.score = score_kind(r.get<std::uint8_t>());
     c.reselect_moments = reselect_policy(r.get<std::uint8_t>());
     c.host_gradient = window_gradient(r.get<std::uint8_t>());
+    c.gradient_reduction = reduce_op(r.get<std::uint8_t>());
     c.adam.lr = r.get<float>();
     c.adam.beta1 = r.get<float>();
     c.adam.beta2 = r.get<float>();
@@ -479,6 +481,7 @@ struct optimizer_checkpoint {
     differ("score", int(f.score), int(here.score));
     differ("reselect_moments", int(f.reselect_moments), int(here.reselect_moments));
     differ("host_gradient", int(f.host_gradient), int(here.host_gradient));
+    differ("gradient_reduction", int(f.gradient_reduction), int(here.gradient_reduction));
     differ("beta1", f.adam.beta1, here.adam.beta1);
     differ("beta2", f.adam.beta2, here.adam.beta2);
     differ("eps", f.adam.eps, here.adam.eps);
