@@ -22,6 +22,7 @@ TEST_CASE("char_lm: zero_offload equals adamw, and runs are deterministic across
   o.hidden = 128;
   o.eval_every = 30;
   o.eval_positions = 512;
+  o.final_positions = 512;  // (every held-out position would cost minutes under ThreadSanitizer)
   o.threads = 2;
   const auto two = char_lm::run_all(c, o, no_progress);
   REQUIRE(two.size() == 3);
@@ -90,6 +91,7 @@ TEST_CASE("char_lm fine-tuning (the default): zenflow's validation loss is withi
     o.hidden = 128;
     o.eval_every = 40;
     o.eval_positions = 256;
+    o.final_positions = 256;
     const auto ft = char_lm::run_finetune(cs, o, no_progress);
     CHECK(ft.runs[1].final_valid < ft.runs[1].curve.front().valid);  // it learns something
     return;
