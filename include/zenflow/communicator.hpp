@@ -6,9 +6,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
 #include "config.hpp"  // reduce_op
 
@@ -40,7 +37,7 @@ namespace detail {
 template <class C>
 constexpr bool single_process_v = requires { requires C::single; };
 
-// The reduction's arithmetic, shared by every communicator and by the tests' reference: the
+// The reduction's arithmetic, for every communicator (the tests write their own reference): the
 // pieces[r][i] of ranks r = 0..R-1 summed in rank order, then the mean's division.
 inline void reduce_in_rank_order(const float* pieces, std::size_t count, int ranks, reduce_op op, float* out) {
   const float div = float(ranks);

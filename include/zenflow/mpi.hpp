@@ -59,7 +59,11 @@ class mpi_communicator {
     // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
     constexpr std::size_t round_max = std::size_t(1) << 26;
     const std::size_t R = std::size_t(size_);
-    std::vector<int> counts(R), displs(R), mine(R), mine_displs(R);
+    counts_.resize(R);  // (members: no allocation per step once sized)
+    displs_.resize(R);
+    mine_.resize(R);
+    mine_displs_.resize(R);
+    int *counts = counts_.data(), *displs = displs_.data(), *mine = mine_.data(), *mine_displs = mine_displs_.data();
     for (std::size_t off = 0; off < n; off += round_max) {
       const std::size_t len = std::min(round_max, n - off);
       for (std::size_t r = 0; r < R; ++r) {
@@ -73,11 +77,11 @@ class mpi_communicator {
         mine[r] = int(m);
         mine_displs[r] = int(r * m);
       }
-      check(MPI_Alltoallv(data + off, counts.data(), displs.data(), MPI_FLOAT, pieces_.data(), mine.data(),
-                          mine_displs.data(), MPI_FLOAT, comm_),
+      check(MPI_Alltoallv(data + off, counts, displs, MPI_FLOAT, pieces_.data(), mine,
+                          mine_displs, MPI_FLOAT, comm_),
             "MPI_Alltoallv");
       detail::reduce_in_rank_order(pieces_.data(), m, size_, op, shard_.data());
-      check(MPI_Allgatherv(shard_.data(), int(m), MPI_FLOAT, data + off, counts.data(), displs.data(), MPI_FLOAT,
+      check(MPI_Allgatherv(shard_.data(), int(m), MPI_FLOAT, data + off, counts, displs, MPI_FLOAT,
                            comm_),
             "MPI_Allgatherv");
       sent_ += ((len - m) + m * (R - 1)) * sizeof(float);  // the others' pieces, then my shard to each
@@ -97,6 +101,7 @@ class mpi_communicator {
   int rank_ = 0, size_ = 1;
   std::uint64_t sent_ = 0;
   std::vector<float> pieces_, shard_;
+  std::vector<int> counts_, displs_, mine_, mine_displs_;
 };
 
 static_assert(communicator_policy<mpi_communicator>);

@@ -373,28 +373,20 @@ class optimizer {
   // and written back rounded to its dtype (nearest even). A NaN or Inf on any rank makes the
   // reduced element non-finite on every rank, so every rank skips the step.
   void reduce_gradients() {
-    float* b = reduce_buf_.data();
-    auto each = [&](auto&& f) {
-      for (const auto& p : matrices_) f(const_cast<void*>(p.grad), p.grad_type, p.rows * p.cols);
-      for (const auto& p : vectors_) f(const_cast<void*>(p.grad), p.grad_type, p.n);
+    auto each = [&](auto&& f) {  // every grad buffer and where it lies in reduce_buf_
+      std::size_t off = 0;
+      for (const auto& p : matrices_) f(const_cast<void*>(p.grad), p.grad_type, p.rows * p.cols, off);
+      for (const auto& p : vectors_) f(const_cast<void*>(p.grad), p.grad_type, p.n, off);
     };
-    each([&](void* g, dtype t, std::size_t n) {
-      if (t == dtype::f32) std::memcpy(b, g, n * 4);
-      else if (t == dtype::bf16)
-        for (std::size_t i = 0; i < n; ++i) b[i] = to_float(static_cast<const bfloat16*>(g)[i]);
-      else
-        for (std::size_t i = 0; i < n; ++i) b[i] = to_float(static_cast<const float16*>(g)[i]);
-      b += n;
+    float* buf = reduce_buf_.data();
+    each([&](void* g, dtype t, std::size_t n, std::size_t& off) {
+      host::convert(host_.arena(), {g, t, buf + off, dtype::f32}, n);
+      off += n;
     });
-    comm_.reduce(reduce_buf_.data(), reduce_buf_.size(), cfg_.gradient_reduction);
-    b = reduce_buf_.data();
-    each([&](void* g, dtype t, std::size_t n) {
-      if (t == dtype::f32) std::memcpy(g, b, n * 4);
-      else if (t == dtype::bf16)
-        for (std::size_t i = 0; i < n; ++i) static_cast<bfloat16*>(g)[i] = bfloat16(b[i]);
-      else
-        for (std::size_t i = 0; i < n; ++i) static_cast<float16*>(g)[i] = float16(b[i]);
-      b += n;
+    comm_.reduce(buf, reduce_buf_.size(), cfg_.gradient_reduction);
+    each([&](void* g, dtype t, std::size_t n, std::size_t& off) {
+      host::convert(host_.arena(), {buf + off, dtype::f32, g, t}, n);
+      off += n;
     });
   }
 
