@@ -1,10 +1,12 @@
 // Data parallel across MPI ranks (mpi_communicator): ctest runs this program under mpirun with
 // 1 to 4 ranks (label mpi). Each rank writes its own local gradients; the optimizer reduces them
-// before each step. Checked against an independent reference — one process, in this very rank,
-// fed the reduced gradient computed here from every rank's local gradient (sum in rank order in
-// fp32, divided by R for the mean, rounded to the grad dtype) — bit for bit, since the
-// reduction's order is fixed; every rank's state hashed and compared; a NaN on one rank; and
-// the same run twice.
+// before each step, and each rank holds the host state of its block of every matrix's columns.
+// Checked against an independent reference — one process, in this very rank, fed the reduced
+// gradient computed here from every rank's local gradient (sum in rank order in fp32, divided by
+// R for the mean, rounded to the grad dtype) — bit for bit, since the reduction's order is fixed
+// and sharding moves state without arithmetic; every rank's state hashed and compared; bytes and
+// host memory per rank; a NaN on one rank; the same run twice; checkpoints written by R ranks or
+// one, resumed by R ranks or one; a failed save or load on one rank.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -15,9 +17,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <zenflow/mpi.hpp>
@@ -155,6 +159,14 @@ std::uint64_t fnv(const std::vector<unsigned char>& b) {
   return h;
 }
 
+constexpr std::size_t n_all = R0 * C0 + R1 * C1 + N2;  // the model's elements
+
+std::uint64_t sum_over_ranks(std::uint64_t x) {
+  std::uint64_t s = 0;
+  MPI_Allreduce(&x, &s, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return s;
+}
+
 // Is x the same on every rank?
 bool same_everywhere(std::uint64_t x) {
   std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks()));
@@ -165,14 +177,33 @@ bool same_everywhere(std::uint64_t x) {
 }
 
 struct run_out {
+  std::vector<unsigned char> synced;  // copy_params_synchronized of matrix 1 before the end
   std::vector<unsigned char> state;
   std::vector<bool> skipped;
   optimizer_stats stats;
 };
 
+// The bit-exactness runs' configs: with overlap or not; the sum variants also with two warm-up
+// steps (every column through the host, then gathered) and moments reset at reselection.
+config variant(reduce_op op, bool overlap) {
+  config c = test_config(overlap);
+  if (op == reduce_op::sum) {
+    c.full_warm_up_rounds = 2;
+    c.reselect_moments = reselect_policy::reset;
+  }
+  return c;
+}
+
+template <class Opt>
+std::vector<unsigned char> synced_params(Opt& opt) {
+  std::vector<unsigned char> out(2 * R1 * C1);
+  opt.copy_params_synchronized(matrix_id{1}, out.data());
+  return out;
+}
+
 run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap, int steps) {
   model m;
-  config cfg = test_config(overlap);
+  config cfg = variant(op, overlap);
   cfg.gradient_reduction = op;
   dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
   m.add_to(opt);
@@ -182,6 +213,7 @@ run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap
     src.local_grads(m, s);
     out.skipped.push_back(opt.step().skipped);
   }
+  out.synced = synced_params(opt);
   out.state = state_of(opt, m);
   out.stats = opt.stats();
   return out;
@@ -189,7 +221,7 @@ run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap
 
 run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, int steps) {
   model m;
-  optimizer<> opt(test_config(overlap));
+  optimizer<> opt(variant(op, overlap));
   m.add_to(opt);
   opt.initialize();
   run_out out;
@@ -197,6 +229,7 @@ run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, in
     src.reduced_grads(m, s, op);
     out.skipped.push_back(opt.step().skipped);
   }
+  out.synced = synced_params(opt);
   out.state = state_of(opt, m);
   out.stats = opt.stats();
   return out;
@@ -205,7 +238,9 @@ run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, in
 }  // namespace
 
 TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bit for bit, on every rank") {
-  const int steps = 13;  // selections at t = 1, 5, 9, 13; boundaries every 2
+  // selections at t = 1, 5, 9, 13 (3, 7, 11 after two warm-up steps); boundaries every 2; the
+  // last one, at t = 12, is still pending at the end with overlap
+  const int steps = 13;
   for (reduce_op op : {reduce_op::mean, reduce_op::sum}) {
     for (bool overlap : {false, true}) {
       CAPTURE(int(op));
@@ -214,13 +249,36 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       const auto dp = data_parallel_run(src, op, overlap, steps);
       const auto ref = reference_run(src, op, overlap, steps);
       CHECK(dp.state == ref.state);
+      CHECK(dp.synced == ref.synced);
       CHECK(dp.skipped == ref.skipped);
       CHECK(same_everywhere(fnv(dp.state)));
       CHECK(dp.stats.selections == ref.stats.selections);
-      CHECK(dp.stats.bytes_to_host == ref.stats.bytes_to_host);
+      CHECK(dp.stats.host_updates == ref.stats.host_updates);
+      // Sharded host state: each column's traffic between device and host is its holder's alone,
+      // so the ranks' bytes add up to one process's; each rank's own share is its blocks'.
+      CHECK(sum_over_ranks(dp.stats.bytes_to_host) == ref.stats.bytes_to_host);
+      CHECK(sum_over_ranks(dp.stats.bytes_to_device) == ref.stats.bytes_to_device);
+      if (ranks() > 1) CHECK(dp.stats.bytes_to_host < ref.stats.bytes_to_host);
+      // Host memory: one process's, less the host state of the columns outside this rank's
+      // blocks (master, m, v, accumulators: 12 + 4 per accumulator bytes an element, 4 a column's
+      // count), plus the fp32 reduction buffer (4 bytes an element of the model) and the gather
+      // space, which holds at most one matrix's params or its joining columns' state (<= 12
+      // bytes an element of the widest matrix here: k = cols / 4).
+      const std::uint64_t accs = overlap ? 2 : 1;
+      std::uint64_t others = 0;
+      for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {
+        const std::size_t own = detail::shard_begin(cols_, ranks(), my_rank() + 1) - detail::shard_begin(cols_, ranks(), my_rank());
+        others += ((12 + 4 * accs) * rows_ + 4) * (cols_ - own);
+      }
+      const std::uint64_t floor_ = ref.stats.host_pageable_bytes - others + (ranks() > 1 ? 4 * n_all : 0);
+      CHECK(dp.stats.host_pageable_bytes >= floor_);
+      CHECK(dp.stats.host_pageable_bytes <= floor_ + 12 * R0 * C0);
+      // What a rank uploads (its blocks' params after a host update, its joining columns' state)
+      // it then sends to each of the others: nothing else crosses to the device during steps.
+      CHECK(dp.stats.bytes_gathered == std::uint64_t(ranks() - 1) * dp.stats.bytes_to_device);
       // what this rank sent: per step, the others' pieces of the gradient and its own shard to
       // each of the others (4 bytes an element)
-      const std::size_t n = R0 * C0 + R1 * C1 + N2, R = std::size_t(ranks());
+      const std::size_t n = n_all, R = std::size_t(ranks());
       const std::size_t mine = detail::shard_begin(n, ranks(), my_rank() + 1) - detail::shard_begin(n, ranks(), my_rank());
       CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * 4 * ((n - mine) + mine * (R - 1)));
     }
@@ -248,25 +306,49 @@ TEST_CASE("data parallel: the same inputs give the same bits run after run") {
   CHECK(same_everywhere(fnv(a.state)));
 }
 
-TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks again or with one") {
-  // Every rank saves its own checkpoint after k steps (the state is replicated: each is whole).
-  // Resuming on all the ranks, or on each rank alone (a communicator of one: a different R),
-  // equals one process fed the reduced gradient of the ranks in play at each step.
-  const gradient_source src;
-  const int k = 7, n = 12;
-  const config cfg = test_config(true);
-  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/mpi_resume_" + std::to_string(my_rank()) + ".zfc";
-  {
-    model m;
-    dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+// A data-parallel optimizer that has taken the first k steps of the ranks' gradients.
+struct trained {
+  model m;
+  dp_optimizer opt;
+  trained(const gradient_source& src, const config& cfg, int k, MPI_Comm comm = MPI_COMM_WORLD)
+      : opt(cfg, mpi_communicator(comm)) {
     m.add_to(opt);
     opt.initialize();
     for (int s = 0; s < k; ++s) {
       src.local_grads(m, s);
       opt.step();
     }
-    opt.save(path);
   }
+};
+
+// One process fed, at each step s < n, the reduced gradient of every rank — or, from step k on
+// when `alone`, this rank's own gradient (a rank that resumed by itself).
+std::vector<unsigned char> reference_state(const gradient_source& src, const config& cfg, int k, int n, bool alone) {
+  model r;
+  optimizer<> ref(cfg);
+  r.add_to(ref);
+  ref.initialize();
+  for (int s = 0; s < n; ++s) {
+    if (s >= k && alone) src.local_grads(r, s);
+    else src.reduced_grads(r, s, reduce_op::mean);
+    ref.step();
+  }
+  return state_of(ref, r);
+}
+
+std::string tmp_path(const std::string& name) { return std::string(ZF_TEST_TMP_DIR) + "/" + name; }
+
+TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks again or with one") {
+  // The ranks save together: rank 0 writes one file, the whole state, with every rank's blocks
+  // of the host state. Resuming on all the ranks, or on each rank alone (a communicator of one:
+  // a different R, so the blocks are cut anew), equals one process fed the reduced gradient of
+  // the ranks in play at each step.
+  const gradient_source src;
+  const int k = 7, n = 12;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_resume.zfc");
+  trained(src, cfg, k).opt.save(path);
+  MPI_Barrier(MPI_COMM_WORLD);  // (the file is complete on every rank's return: save() agreed)
   for (bool alone : {false, true}) {
     CAPTURE(alone);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -281,17 +363,100 @@ TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks aga
       src.local_grads(m, s);
       opt.step();
     }
-    model r;
-    optimizer<> ref(cfg);
-    r.add_to(ref);
-    ref.initialize();
-    for (int s = 0; s < n; ++s) {
-      if (s >= k && alone) src.local_grads(r, s);  // a rank alone: its own gradient is the reduced one
-      else src.reduced_grads(r, s, reduce_op::mean);
-      ref.step();
-    }
-    CHECK(state_of(opt, m) == state_of(ref, r));
+    CHECK(state_of(opt, m) == reference_state(src, cfg, k, n, alone));
   }
+}
+
+TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
+  // Rank 0 alone, as a plain one-process optimizer, takes k steps of the reduced gradient and
+  // saves; then every rank loads that file, each keeping its own blocks, and trains on.
+  const gradient_source src;
+  const int k = 5, n = 11;
+  const config cfg = test_config(false);
+  const std::string path = tmp_path("mpi_from_one.zfc");
+  if (my_rank() == 0) {
+    model r;
+    optimizer<> one(cfg);
+    r.add_to(one);
+    one.initialize();
+    for (int s = 0; s < k; ++s) {
+      src.reduced_grads(r, s, reduce_op::mean);
+      one.step();
+    }
+    one.save(path);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  model m;
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  opt.initialize();
+  opt.load(path);
+  for (int s = k; s < n; ++s) {
+    src.local_grads(m, s);
+    opt.step();
+  }
+  const auto st = state_of(opt, m);
+  CHECK(st == reference_state(src, cfg, k, n, false));
+  CHECK(same_everywhere(fnv(st)));
+}
+
+TEST_CASE("data parallel: a load that fails on one rank changes nothing on any rank") {
+  // The last rank is handed a file that does not exist, then one whose checksum is broken: every
+  // rank throws and keeps its state (a load is committed only when every rank's checks pass),
+  // and the ranks go on in step — a good load after it works everywhere.
+  const gradient_source src;
+  const config cfg = test_config(true);
+  const std::string good = tmp_path("mpi_agree.zfc"), damaged = tmp_path("mpi_agree_damaged.zfc");
+  {
+    trained t(src, cfg, 6);
+    t.opt.save(good);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (my_rank() == 0) {  // the same file with one payload byte flipped
+    std::ifstream in(good, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes[bytes.size() / 2] ^= 0x10;
+    std::ofstream(damaged, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  trained t(src, cfg, 3);
+  const auto before = state_of(t.opt, t.m);
+  const bool last = my_rank() == ranks() - 1;
+  for (const std::string& bad : {tmp_path("mpi_agree_missing.zfc"), damaged}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(t.opt.load(last ? bad : good), checkpoint_error);
+    CHECK(state_of(t.opt, t.m) == before);
+  }
+  t.opt.load(good);
+  for (int s = 6; s < 9; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  CHECK(state_of(t.opt, t.m) == reference_state(src, cfg, 6, 9, false));
+}
+
+TEST_CASE("data parallel: a save that rank 0 cannot write fails on every rank, and the next one works") {
+  const gradient_source src;
+  const config cfg = test_config(true);
+  trained t(src, cfg, 5);
+  CHECK_THROWS_AS(t.opt.save(tmp_path("no-such-directory/x.zfc")), std::runtime_error);
+  const std::string path = tmp_path("mpi_after_failed_save.zfc");
+  t.opt.save(path);  // no message of the failed save is left over to mix into this one
+  for (int s = 5; s < 8; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  const auto st = state_of(t.opt, t.m);
+  model m;
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  opt.initialize();
+  opt.load(path);
+  for (int s = 5; s < 8; ++s) {
+    src.local_grads(m, s);
+    opt.step();
+  }
+  CHECK(state_of(opt, m) == st);
 }
 
 TEST_CASE("data parallel: the reduction's shards cover every element once, whatever n and R") {

@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -59,8 +60,11 @@ struct optimizer_stats {
   // state descriptors (registrations count from the first one; the rest from initialize()).
   // Small next to the state unless a model has very many small tensors.
   std::uint64_t host_bookkeeping_bytes = 0;
-  // Data parallel (a multi-process Communicator): the bytes this rank sent to reduce gradients.
+  // Data parallel (a multi-process Communicator): the bytes this rank sent to reduce gradients,
+  // and to share what its slice of the host state produced with the other ranks (the params its
+  // host updates changed, the state of columns joining the selection).
   std::uint64_t bytes_reduced = 0;
+  std::uint64_t bytes_gathered = 0;
 };
 
 struct step_info {
@@ -236,8 +240,9 @@ class optimizer {
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     s.host_bookkeeping_bytes = bookkeeping_bytes();
     s.bytes_reduced = comm_.bytes_sent();
+    s.bytes_gathered = gathered_;
     if (initialized_) {
-      s.host_pageable_bytes = host_.bytes_allocated() + 4 * reduce_buf_.size();
+      s.host_pageable_bytes = host_.bytes_allocated() + 4 * reduce_buf_.capacity() + gather_buf_.capacity();
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
       s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size();
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
@@ -264,8 +269,11 @@ class optimizer {
     check_matrix(matrix);
     quiesce();
     const auto& hs = host_.matrix(matrix);
-    std::vector<std::uint32_t> out(hs.cols);  // (no host state: every column is selected)
-    if (hs.on_host) std::copy_n(hs.counts.data(), hs.cols, out.data());
+    std::vector<std::uint32_t> out(matrices_[matrix].cols);  // (no host state: every column is selected)
+    if (hs.on_host) {
+      std::copy_n(hs.counts.data(), hs.cols, out.data() + col_begin(matrix, comm_.rank()));
+      gather_blocks(matrix, out.data(), 4);
+    }
     const auto& d = updater_.matrix(matrix);
     const std::vector<std::uint32_t> dev = download<std::uint32_t>(d.counts[d.cur].data(), d.active);
     for (std::size_t s = 0; s < d.active; ++s) out[selected_[matrix][s]] = dev[s];
@@ -292,18 +300,29 @@ class optimizer {
     space_.download(out, p.param, p.rows * p.cols * es);
     if (!pending_) return;
     // the host update's result for the unselected columns, rounded from the master as the next
-    // upload will, a bounded chunk at a time
+    // upload will, a bounded chunk at a time (data parallel: this rank's part, then every rank's
+    // gathered, all at once)
     const auto& un = unselected_[i];
-    const std::size_t chunk = host_.stage_columns(i);
-    std::vector<unsigned char> staged(std::min(chunk, un.size()) * p.rows * es);
     auto* o = static_cast<unsigned char*>(out);
-    for (std::size_t c0 = 0; c0 < un.size(); c0 += chunk) {
-      const std::size_t m = std::min(chunk, un.size() - c0);
-      host_.stage_params(i, un.data() + c0, m, staged.data());
+    auto place = [&](const unsigned char* staged, std::size_t c0, std::size_t m) {  // un[c0, c0 + m)
       for (std::size_t k = 0; k < m; ++k)
         for (std::size_t r = 0; r < p.rows; ++r)
-          std::memcpy(o + element_offset(p.layout, p.rows, p.cols, r, un[c0 + k]) * es, staged.data() + (k * p.rows + r) * es,
-                      es);
+          std::memcpy(o + element_offset(p.layout, p.rows, p.cols, r, un[c0 + k]) * es, staged + (k * p.rows + r) * es, es);
+    };
+    if constexpr (data_parallel) {
+      const std::size_t cb = p.rows * es;
+      unsigned char* all = gather_space(un.size() * cb);
+      host_.stage_params(i, host_unselected(i), host_unselected_count(i), all + own_from_[i] * cb);
+      gather_list(i, un.data(), un.size(), all, cb, false);
+      place(all, 0, un.size());
+    } else {
+      const std::size_t chunk = host_.stage_columns(i);
+      std::vector<unsigned char> staged(std::min(chunk, un.size()) * p.rows * es);
+      for (std::size_t c0 = 0; c0 < un.size(); c0 += chunk) {
+        const std::size_t m = std::min(chunk, un.size() - c0);
+        host_.stage_params(i, un.data() + c0, m, staged.data());
+        place(staged.data(), c0, m);
+      }
     }
   }
   void copy_vector_master(vector_id id, float* out) {
@@ -341,15 +360,19 @@ class optimizer {
   // second pass; the optimizer then refuses further work until a load succeeds.)
   void load(const std::string& path) {
     if (!initialized_) fail("load() before initialize()");
-    ckpt::input in(path);
-    load_from(in);
+    collective_load([&] {
+      ckpt::input in(path);
+      load_from(in);
+    });
   }
 
   // load() from a checkpoint image in memory (a file's bytes); `name` appears in the messages.
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
     if (!initialized_) fail("load() before initialize()");
-    ckpt::input in(data, size, name);
-    load_from(in);
+    collective_load([&] {
+      ckpt::input in(data, size, name);
+      load_from(in);
+    });
   }
 
  private:
@@ -365,6 +388,38 @@ class optimizer {
     }
     detail::optimizer_checkpoint<optimizer>::load(*this, in);
     broken_.clear();  // a complete, checked state again
+  }
+
+  // Data parallel, a load is a collective with two votes: every rank checks its file completely
+  // and commits only if every rank's checks passed (else every rank throws, each unchanged);
+  // if a commit then fails on any rank (a file rewritten while it was read), every rank refuses
+  // further work until a load succeeds. (load_vote_: 0, the first vote is owed; 1, the second;
+  // 2, none.)
+  template <class F>
+  void collective_load(F&& f) {
+    if constexpr (!data_parallel) {
+      f();
+    } else {
+      load_vote_ = 0;
+      try {
+        f();
+      } catch (...) {
+        if (load_vote_ < 2) comm_.all_agree(false);
+        throw;
+      }
+      if (!comm_.all_agree(true)) {
+        broken_ = "another rank's checkpoint load failed while committing";
+        throw std::runtime_error("zenflow: " + broken_);
+      }
+    }
+  }
+  // Called by the checkpoint's load between its checks and its commit.
+  void agree_to_commit(const ckpt::input& in) {
+    if constexpr (data_parallel) {
+      load_vote_ = 2;
+      if (!comm_.all_agree(true)) in.fail("another rank could not load its checkpoint; nothing was changed");
+      load_vote_ = 1;
+    }
   }
 
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
@@ -505,7 +560,9 @@ class optimizer {
     for (const matrix_param& p : matrices_) {
       const std::size_t k = Selector::k(cfg_.topk_ratio, p.cols);
       const std::size_t i = updater_.add_matrix(p, k);
-      host_.add_matrix(p.rows, p.cols, p.param_type, !resident(i));  // a resident matrix: nothing on the host, ever
+      // this rank's block of columns (all of them in one process); a resident matrix: nothing on
+      // the host, ever
+      host_.add_matrix(p.rows, col_begin(i, comm_.rank() + 1) - col_begin(i, comm_.rank()), p.param_type, !resident(i));
       any_selected_ = any_selected_ || k > 0;
     }
     for (const vector_param& p : vectors_) updater_.add_vector(p);
@@ -615,6 +672,55 @@ class optimizer {
   // Blocks in the compaction buffer start 256-byte aligned (any element type, vector loads).
   static constexpr std::size_t align_up(std::size_t bytes) noexcept { return (bytes + 255) / 256 * 256; }
 
+  // Sharded host state: rank r of R holds the host state (master, moments, counts, accumulators)
+  // of the columns [col_begin(i, r), col_begin(i, r + 1)) of every matrix i — a contiguous block,
+  // floor(cols * r / R) on — and offloads, accumulates and updates only those; one process holds
+  // them all. The device side (selected columns, vectors) is replicated.
+  std::size_t col_begin(std::size_t i, int r) const noexcept {
+    return detail::shard_begin(matrices_[i].cols, comm_.size(), r);
+  }
+  // The host side's view of matrix i's unselected columns: this rank's, as host-state indices;
+  // on the device, the same columns' part of the unselected list.
+  const std::uint32_t* host_unselected(std::size_t i) const noexcept {
+    if constexpr (data_parallel) return own_unselected_[i].data();
+    else return unselected_[i].data();
+  }
+  std::size_t host_unselected_count(std::size_t i) const noexcept {
+    if constexpr (data_parallel) return own_unselected_[i].size();
+    else return unselected_[i].size();
+  }
+  const std::uint32_t* host_unselected_dev(std::size_t i) const noexcept {
+    if constexpr (data_parallel) return unselected_dev(i) + own_from_[i];
+    else return unselected_dev(i);
+  }
+  // Data parallel: every rank's part of list[0, n) — sorted columns of matrix i; a rank's part is
+  // the entries in its block — `per_col` bytes an entry, laid out entry after entry from base
+  // (rank r's part at its place in the list), gathered onto every rank. `count`: traffic of a
+  // step (stats().bytes_gathered), not of an inspection.
+  void gather_list(std::size_t i, const std::uint32_t* list, std::size_t n, void* base, std::size_t per_col,
+                   bool count) {
+    if constexpr (data_parallel) {
+      const int R = comm_.size();
+      counts_.resize(std::size_t(R));
+      std::size_t from = 0;
+      for (int r = 0; r < R; ++r) {
+        const std::size_t to = std::size_t(std::lower_bound(list, list + n, col_begin(i, r + 1)) - list);
+        counts_[std::size_t(r)] = (to - from) * per_col;
+        from = to;
+      }
+      comm_.all_gather(base, counts_.data());
+      if (count) gathered_ += std::uint64_t(R - 1) * counts_[std::size_t(comm_.rank())];
+    }
+  }
+  // Every rank's block of matrix i's columns (all of its host state's columns), laid out from base.
+  void gather_blocks(std::size_t i, void* base, std::size_t per_col) {
+    gather_list(i, iota_.data(), matrices_[i].cols, base, per_col, false);
+  }
+  unsigned char* gather_space(std::size_t bytes) {
+    if (gather_buf_.size() < bytes) gather_buf_.resize(bytes);
+    return gather_buf_.data();
+  }
+
   const std::uint32_t* all_dev(std::size_t i) const noexcept { return lists_dev_[i].data(); }
   const std::uint32_t* unselected_dev(std::size_t i) const noexcept { return lists_dev_[i].data() + matrices_[i].cols; }
 
@@ -629,6 +735,18 @@ class optimizer {
       else un.push_back(std::uint32_t(c));
     }
     if (!un.empty()) space_.upload(lists_dev_[i].data() + matrices_[i].cols, un.data(), 4 * un.size());
+    if constexpr (data_parallel) {
+      if (own_unselected_.size() <= i) {
+        own_unselected_.resize(i + 1);
+        own_from_.resize(i + 1);
+      }
+      const std::uint32_t c0 = std::uint32_t(col_begin(i, comm_.rank())), c1 = std::uint32_t(col_begin(i, comm_.rank() + 1));
+      const auto from = std::lower_bound(un.begin(), un.end(), c0), to = std::lower_bound(un.begin(), un.end(), c1);
+      own_from_[i] = std::size_t(from - un.begin());
+      auto& own = own_unselected_[i];
+      own.clear();
+      for (auto it = from; it != to; ++it) own.push_back(*it - c0);
+    }
   }
 
   template <class T>
@@ -652,11 +770,12 @@ class optimizer {
     }
   }
 
-  // Host master of matrix i from its device params.
+  // Host master of matrix i (this rank's block) from its device params.
   void load_master(std::size_t i) {
     const matrix_param& p = matrices_[i];
     float* master = host_.matrix(i).master.data();
-    columns_down(i, p.param, p.param_type, all_dev(i), p.cols, [&](std::size_t c0, std::size_t m) {
+    columns_down(i, p.param, p.param_type, all_dev(i) + col_begin(i, comm_.rank()), host_.matrix(i).cols,
+                 [&](std::size_t c0, std::size_t m) {
       host::convert(host_.arena(), {host_.stage(), p.param_type, master + c0 * p.rows, dtype::f32}, m * p.rows);
     });
   }
@@ -675,10 +794,11 @@ class optimizer {
   void warm_up(float factor) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const std::size_t cols = matrices_[i].cols;  // every column: iota_[0, cols)
-      gather_grad(i, active_acc_, iota_.data(), all_dev(i), cols, factor);
-      host_.update(i, active_acc_, iota_.data(), cols, 1.0f, matrix_hyper(i, cfg_.adam));
-      upload(i, iota_.data(), all_dev(i), cols);
+      // every column of this rank's block: host-state indices iota_[0, n), from column c0
+      const std::size_t c0 = col_begin(i, comm_.rank()), n = host_.matrix(i).cols;
+      gather_grad(i, active_acc_, iota_.data(), all_dev(i) + c0, n, factor);
+      host_.update(i, active_acc_, iota_.data(), n, 1.0f, matrix_hyper(i, cfg_.adam));
+      publish(i, iota_.data(), all_dev(i) + c0, n, iota_.data(), all_dev(i), matrices_[i].cols);
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
     host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
@@ -687,7 +807,7 @@ class optimizer {
 
   void offload(float factor) {
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      gather_grad(i, active_acc_, unselected_[i].data(), unselected_dev(i), unselected_[i].size(), factor);
+      gather_grad(i, active_acc_, host_unselected(i), host_unselected_dev(i), host_unselected_count(i), factor);
   }
 
   // The same offload behind the device: the unselected columns are compacted on the device now
@@ -699,18 +819,18 @@ class optimizer {
     scheduler_.wait_offload();  // the previous step's transfer still reads the compaction buffer
     std::size_t at = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      at += align_up(unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].grad_type));
+      at += align_up(host_unselected_count(i) * matrices_[i].rows * size_of(matrices_[i].grad_type));
     if (at > grad_compact_.size()) return offload(factor);  // only before a first selection
     at = 0;
     std::uint64_t job_bytes = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
-      const auto& un = unselected_[i];
-      space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, unselected_dev(i), un.size(),
+      const std::size_t n = host_unselected_count(i);
+      space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, host_unselected_dev(i), n,
                              grad_compact_.data() + at);
       compact_offset_[i] = at;
-      at += align_up(un.size() * p.rows * size_of(p.grad_type));
-      job_bytes += un.size() * p.rows * size_of(p.grad_type);
+      at += align_up(n * p.rows * size_of(p.grad_type));
+      job_bytes += n * p.rows * size_of(p.grad_type);
     }
     space_.record(compacted_);
     // stats() counts this step's bytes now, not when the lane gets to them: the only device-to-
@@ -721,12 +841,12 @@ class optimizer {
     scheduler_.launch_offload([this, which, factor] {
       for (std::size_t i = 0; i < matrices_.size(); ++i) {
         const matrix_param& p = matrices_[i];
-        const auto& un = unselected_[i];
+        const std::uint32_t* un = host_unselected(i);
         const std::size_t col_bytes = p.rows * size_of(p.grad_type);
-        transport_.stream_to_host(compacted_, grad_compact_.data() + compact_offset_[i], un.size() * col_bytes,
-                                  host_.stage_columns(i) * col_bytes,
+        transport_.stream_to_host(compacted_, grad_compact_.data() + compact_offset_[i],
+                                  host_unselected_count(i) * col_bytes, host_.stage_columns(i) * col_bytes,
                                   [&](const void* piece, std::size_t off, std::size_t len) {
-                                    host_.accumulate_from(piece, i, which, p.grad_type, un.data() + off / col_bytes,
+                                    host_.accumulate_from(piece, i, which, p.grad_type, un + off / col_bytes,
                                                           len / col_bytes, factor);
                                   });
       }
@@ -753,6 +873,29 @@ class optimizer {
       space_.scatter_columns(dev_stage_.data(), p.param_type, p.param, p.layout, p.rows, p.cols, list_dev + c0, m);
     }
   }
+  // Makes the params of the columns list[0, n) of matrix i (sorted; list_dev on the device)
+  // current on the device from the host state: this rank uploads its part (host-state indices
+  // local[0, n_own), own_dev on the device) — in one process, all of them. Data parallel, each
+  // rank's part goes into its place in the gather space instead, and every rank's part is
+  // gathered there (as a device-side all-gather would) and scattered into the params.
+  void publish(std::size_t i, const std::uint32_t* local, const std::uint32_t* own_dev, std::size_t n_own,
+               const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n) {
+    if constexpr (!data_parallel) {
+      upload(i, local, own_dev, n_own);
+    } else {
+      if (n == 0) return;
+      const matrix_param& p = matrices_[i];
+      const std::size_t chunk = host_.stage_columns(i), cb = p.rows * size_of(p.param_type);
+      unsigned char* all = gather_space(n * cb) + std::size_t(own_dev - list_dev) * cb;
+      for (std::size_t c0 = 0; c0 < n_own; c0 += chunk) {
+        const std::size_t m = std::min(chunk, n_own - c0);
+        host_.stage_params(i, local + c0, m, host_.stage());
+        transport_.to_device(all + c0 * cb, host_.stage(), m * cb);
+      }
+      gather_list(i, list, n, gather_buf_.data(), cb, true);
+      space_.scatter_columns(gather_buf_.data(), p.param_type, p.param, p.layout, p.rows, p.cols, list_dev, n);
+    }
+  }
 
   // End of a window: host AdamW on every unselected column with the window mean (or sum).
   void boundary() {
@@ -763,7 +906,7 @@ class optimizer {
       if (async_offload_) scheduler_.wait_offload_quiet();  // this window's last accumulation
       const auto t0 = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < matrices_.size(); ++i)
-        host_.update(i, which, unselected_[i].data(), unselected_[i].size(), div, matrix_hyper(i, hyper));
+        host_.update(i, which, host_unselected(i), host_unselected_count(i), div, matrix_hyper(i, hyper));
       const auto dt = std::chrono::steady_clock::now() - t0;
       host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
     };
@@ -786,7 +929,8 @@ class optimizer {
     scheduler_.wait();
     if (!pending_) return;
     for (std::size_t i = 0; i < matrices_.size(); ++i)
-      upload(i, unselected_[i].data(), unselected_dev(i), unselected_[i].size());
+      publish(i, host_unselected(i), host_unselected_dev(i), host_unselected_count(i), unselected_[i].data(),
+              unselected_dev(i), unselected_[i].size());
     pending_ = false;
   }
 
@@ -880,9 +1024,18 @@ class optimizer {
     space_.move_slots(d.counts[nxt].data(), dst_dev, d.counts[cur].data(), src_dev, ns, 4);
     const std::uint32_t* leave_col_dev = join_dev + nj;
     if (d.param_master && nl) space_.upload(slots_dev_.data() + 2 * ns + nl + nj, leave_col.data(), 4 * nl);
-    // leaving: gathered on the device, one transfer, scattered into the host arrays
-    for (std::size_t c0 = 0; c0 < nl; c0 += chunk) {
-      const std::size_t m = std::min(chunk, nl - c0);
+    // This rank's block of columns, [h0, h1), is what its host state holds (all of them in one
+    // process): the leaving and joining columns in it are a run of each sorted list.
+    const std::uint32_t h0 = std::uint32_t(col_begin(i, comm_.rank())), h1 = std::uint32_t(col_begin(i, comm_.rank() + 1));
+    auto run = [](const std::vector<std::uint32_t>& cols, std::uint32_t lo, std::uint32_t hi) {
+      return std::pair{std::size_t(std::lower_bound(cols.begin(), cols.end(), lo) - cols.begin()),
+                       std::size_t(std::lower_bound(cols.begin(), cols.end(), hi) - cols.begin())};
+    };
+    // leaving: gathered on the device, one transfer, scattered into the host arrays (data
+    // parallel: the rank holding the column takes it; the others drop their replica)
+    const auto [lfrom, lto] = run(leave_col, h0, h1);
+    for (std::size_t c0 = lfrom; c0 < lto; c0 += chunk) {
+      const std::size_t m = std::min(chunk, lto - c0);
       for (int a = 0; a < 3; ++a) {
         if (a < a0) {
           space_.compact_columns(matrices_[i].param, dtype::f32, matrices_[i].layout, rows, matrices_[i].cols,
@@ -892,30 +1045,51 @@ class optimizer {
         }
         transport_.to_host(st, dev_stage_.data(), m * rows * 4);
         for (std::size_t k = 0; k < m; ++k)
-          std::memcpy(host_arr[a] + std::size_t(leave_col[c0 + k]) * rows, st + k * rows * 4, rows * 4);
+          std::memcpy(host_arr[a] + std::size_t(leave_col[c0 + k] - h0) * rows, st + k * rows * 4, rows * 4);
       }
       space_.move_slots(dev_stage_.data(), nullptr, d.counts[cur].data(), leave_dev + c0, m, 4);
       transport_.to_host(st, dev_stage_.data(), m * 4);
-      for (std::size_t k = 0; k < m; ++k) std::memcpy(hs.counts.data() + leave_col[c0 + k], st + k * 4, 4);
+      for (std::size_t k = 0; k < m; ++k) std::memcpy(hs.counts.data() + (leave_col[c0 + k] - h0), st + k * 4, 4);
     }
     // joining: gathered on the host, one transfer, scattered into the new device slots (with
     // reselect_moments = reset, moments and counts of zero cross instead of the host's)
     const bool reset = cfg_.reselect_moments == reselect_policy::reset;
-    for (std::size_t c0 = 0; c0 < nj; c0 += chunk) {
-      const std::size_t m = std::min(chunk, nj - c0);
-      for (int a = a0; a < 3; ++a) {
-        if (reset && a > 0) std::memset(st, 0, m * rows * 4);
-        else
-          for (std::size_t k = 0; k < m; ++k)
-            std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
-        transport_.to_device(dev_stage_.data(), st, m * rows * 4);
-        space_.move_slots(dev_nxt[a], join_dev + c0, dev_stage_.data(), nullptr, m, 4 * rows);
+    if constexpr (data_parallel) {
+      // each rank uploads the joining columns it holds into their place in the gather space,
+      // every rank's are gathered there, then moved into the slots: array by array, the counts last
+      const auto [jfrom, jto] = run(join_col, h0, h1);
+      for (int a = a0; a < 4; ++a) {
+        const std::size_t per = a < 3 ? rows * 4 : 4;
+        const auto* src = a < 3 ? reinterpret_cast<const unsigned char*>(host_arr[a])
+                                : reinterpret_cast<const unsigned char*>(hs.counts.data());
+        unsigned char* all = gather_space(nj * per);
+        for (std::size_t c0 = jfrom; c0 < jto; c0 += chunk) {
+          const std::size_t m = std::min(chunk, jto - c0);
+          if (reset && a > 0) std::memset(st, 0, m * per);
+          else
+            for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * per, src + std::size_t(join_col[c0 + k] - h0) * per, per);
+          transport_.to_device(all + c0 * per, st, m * per);
+        }
+        gather_list(i, join_col.data(), nj, all, per, true);
+        if (nj) space_.move_slots(a < 3 ? static_cast<void*>(dev_nxt[a]) : d.counts[nxt].data(), join_dev, all, nullptr, nj, per);
       }
-      if (reset) std::memset(st, 0, m * 4);
-      else
-        for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * 4, hs.counts.data() + join_col[c0 + k], 4);
-      transport_.to_device(dev_stage_.data(), st, m * 4);
-      space_.move_slots(d.counts[nxt].data(), join_dev + c0, dev_stage_.data(), nullptr, m, 4);
+    } else {
+      for (std::size_t c0 = 0; c0 < nj; c0 += chunk) {
+        const std::size_t m = std::min(chunk, nj - c0);
+        for (int a = a0; a < 3; ++a) {
+          if (reset && a > 0) std::memset(st, 0, m * rows * 4);
+          else
+            for (std::size_t k = 0; k < m; ++k)
+              std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
+          transport_.to_device(dev_stage_.data(), st, m * rows * 4);
+          space_.move_slots(dev_nxt[a], join_dev + c0, dev_stage_.data(), nullptr, m, 4 * rows);
+        }
+        if (reset) std::memset(st, 0, m * 4);
+        else
+          for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * 4, hs.counts.data() + join_col[c0 + k], 4);
+        transport_.to_device(dev_stage_.data(), st, m * 4);
+        space_.move_slots(d.counts[nxt].data(), join_dev + c0, dev_stage_.data(), nullptr, m, 4);
+      }
     }
     if (!next.empty()) space_.upload(d.columns[nxt].data(), next.data(), 4 * next.size());
     d.cur = nxt;
@@ -931,7 +1105,10 @@ class optimizer {
     quiesce();
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;
-    if (host_.matrix(matrix).on_host) std::copy_n(host(host_.matrix(matrix)), rows * cols, out);
+    if (const auto& hs = host_.matrix(matrix); hs.on_host) {  // this rank's block, then the others'
+      std::copy_n(host(hs), rows * hs.cols, out + col_begin(matrix, comm_.rank()) * rows);
+      gather_blocks(matrix, out, 4 * rows);
+    }
     auto& d = updater_.matrix(matrix);
     if (master && d.param_master) {  // the master, held by the fp32 param: its selected columns
       const std::vector<float> w = download<float>(static_cast<const float*>(p.param), rows * cols);
@@ -952,6 +1129,16 @@ class optimizer {
   Scheduler scheduler_{};
   [[no_unique_address]] Communicator comm_;
   std::vector<float> reduce_buf_;  // data parallel: every gradient, as fp32, for the reduction
+  // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where
+  // the blocks of params or joining state are gathered, and the bytes this rank sent there.
+  std::vector<std::size_t> counts_;
+  std::vector<unsigned char> gather_buf_;
+  std::uint64_t gathered_ = 0;
+  // Data parallel: per matrix, the unselected columns in this rank's block, as indices into its
+  // host state (column - col_begin), and where they start in unselected_.
+  std::vector<std::vector<std::uint32_t>> own_unselected_;
+  std::vector<std::size_t> own_from_;
+  int load_vote_ = 0;  // see collective_load
 
   std::vector<matrix_param> matrices_;
   std::vector<vector_param> vectors_;

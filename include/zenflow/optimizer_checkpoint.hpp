@@ -11,17 +11,60 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "communicator.hpp"
 #include "config.hpp"
 #include "detail/format.hpp"
 #include "params.hpp"
 
 namespace zenflow::detail {
+
+// The file, written until its first failure, which is kept and rethrown by finish(): past it
+// every write is dropped, so that rank 0 still goes through every gather the other ranks
+// take part in.
+class tolerant_file : public ckpt::typed_writes<tolerant_file> {
+ public:
+  tolerant_file(const std::string& path, std::uint32_t sections) {
+    attempt([&] { f_.emplace(path, sections); });
+  }
+  void begin(std::uint32_t t, std::uint64_t len) {
+    attempt([&] { f_->begin(t, len); });
+  }
+  void bytes(const void* p, std::size_t n) {
+    attempt([&] { f_->bytes(p, n); });
+  }
+  void end() {
+    attempt([&] { f_->end(); });
+  }
+  void section(std::uint32_t t, const ckpt::writer& w) {
+    attempt([&] { f_->section(t, w); });
+  }
+  void finish() {
+    attempt([&] { f_->commit(); });
+    if (failed_) std::rethrow_exception(failed_);
+  }
+
+ private:
+  template <class F>
+  void attempt(F&& f) {
+    if (failed_) return;
+    try {
+      f();
+    } catch (...) {
+      failed_ = std::current_exception();
+    }
+  }
+  std::optional<ckpt::file_writer> f_;
+  std::exception_ptr failed_;
+};
 
 template <class Opt>
 struct optimizer_checkpoint {
@@ -43,8 +86,45 @@ struct optimizer_checkpoint {
 
   // The complete state (see optimizer::save), written atomically to `path`, streamed: host
   // arrays go to the file from where they are, device arrays through one bounded buffer. The
-  // optimizer has finished any host update in flight.
+  // optimizer has finished any host update in flight. Data parallel, rank 0 writes the file and
+  // the others send it their blocks of the host arrays as it reaches them (the file is the one
+  // a single process writes: any number of ranks can load it); every rank throws if the file
+  // could not be written.
   static void save(Opt& o, const std::string& path) {
+    if (o.comm_.rank() != 0) {
+      send_host_state(o);
+      if (!o.comm_.all_agree(true)) throw std::runtime_error("zenflow: rank 0 could not write the checkpoint " + path);
+      return;
+    }
+    // Once the ranks are sending, rank 0 must go on receiving whatever happens to its file: a
+    // failure is kept and rethrown at the end, after every rank has heard of it.
+    std::exception_ptr failed;
+    try {
+      write(o, path);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (!o.comm_.all_agree(!failed)) {
+      if (failed) std::rethrow_exception(failed);
+      throw std::runtime_error("zenflow: a rank could not take part in writing the checkpoint " + path);
+    }
+  }
+
+  // The other ranks' part of save(): their blocks of every host array, in the file's order.
+  static void send_host_state(Opt& o) {
+    const byte_sink none = [](const void*, std::size_t) {};
+    for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
+      const auto& h = o.host_.matrix(i);
+      if (!h.on_host) continue;
+      const std::size_t n = h.rows * h.cols;
+      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()})
+        o.comm_.gather_to_root(a, 4 * n, none);
+      if (o.cfg_.overlap_step) o.comm_.gather_to_root(h.acc[1].data(), 4 * n, none);
+      o.comm_.gather_to_root(h.counts.data(), 4 * h.cols, none);
+    }
+  }
+
+  static void write(Opt& o, const std::string& path) {
     ckpt::writer conf, lay, cnt;
     write_config(conf, o.cfg_);
     lay.put<std::uint64_t>(o.matrices_.size());
@@ -78,7 +158,7 @@ struct optimizer_checkpoint {
       cnt.put(o.auto_a_[i]);
       cnt.put(o.auto_b_[i]);
     }
-    ckpt::file_writer f(path, std::uint32_t(3 + o.matrices_.size() + o.vectors_.size()));
+    tolerant_file f(path, std::uint32_t(3 + o.matrices_.size() + o.vectors_.size()));
     f.section(ckpt::config_tag, conf);
     f.section(ckpt::layout_tag, lay);
     f.section(ckpt::counters_tag, cnt);
@@ -117,10 +197,13 @@ struct optimizer_checkpoint {
       }
       for (const float* a : {d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) from_device(a, 4 * ks);
       from_device(d.counts[d.cur].data(), 4 * d.active);
-      if (h.on_host) {
-        for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) f.bytes(a, 4 * n);
-        if (o.cfg_.overlap_step) f.bytes(h.acc[1].data(), 4 * n);
-        f.bytes(h.counts.data(), 4 * p.cols);
+      if (h.on_host) {  // every rank's block of each array, in rank order: the array
+        const byte_sink to_file = [&](const void* piece, std::size_t m) { f.bytes(piece, m); };
+        const std::size_t own = 4 * h.rows * h.cols;
+        for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()})
+          o.comm_.gather_to_root(a, own, to_file);
+        if (o.cfg_.overlap_step) o.comm_.gather_to_root(h.acc[1].data(), own, to_file);
+        o.comm_.gather_to_root(h.counts.data(), 4 * h.cols, to_file);
       }
       from_device(p.param, pb);
       f.end();
@@ -136,7 +219,7 @@ struct optimizer_checkpoint {
       from_device(p.param, p.n * size_of(p.param_type));
       f.end();
     }
-    f.commit();
+    f.finish();
   }
 
   // Checks a checkpoint against this optimizer and, only if everything holds, restores it (see
@@ -332,7 +415,8 @@ struct optimizer_checkpoint {
     }
     if (in.left() != 0) bad("trailing bytes after the last section");
 
-    // ---- Pass 2, everything checked: commit ----
+    // ---- Pass 2, everything checked (data parallel: on every rank): commit ----
+    o.agree_to_commit(in);
     o.quiesce();
     try {
       commit(o, in, where, buf);
@@ -393,10 +477,16 @@ struct optimizer_checkpoint {
       to_device(r, d.exp_avg[0].data(), 4 * ks);
       to_device(r, d.exp_avg_sq[0].data(), 4 * ks);
       to_device(r, d.counts[0].data(), 4 * active);
-      if (h.on_host) {
-        for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) r.bytes(a, 4 * n);
-        if (o.cfg_.overlap_step) r.bytes(h.acc[1].data(), 4 * n);
-        r.bytes(h.counts.data(), 4 * p.cols);
+      if (h.on_host) {  // this rank's block of columns of each array (all of them in one process)
+        const std::uint64_t c0 = o.col_begin(i, o.comm_.rank()), own = h.cols;
+        auto block = [&](void* dst, std::uint64_t per_col) {
+          r.skip(c0 * per_col, buf);
+          r.bytes(dst, std::size_t(own * per_col));
+          r.skip((p.cols - c0 - own) * per_col, buf);
+        };
+        for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) block(a, 4 * p.rows);
+        if (o.cfg_.overlap_step) block(h.acc[1].data(), 4 * p.rows);
+        block(h.counts.data(), 4);
       }
       to_device(r, p.param, pb);
       r.finish();

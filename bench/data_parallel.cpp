@@ -1,0 +1,101 @@
+// Data parallel with sharded host state, per rank: host-update time, device<->host bytes and the
+// collectives' bytes per step, host memory, step time. Run under mpirun with R ranks; rank 0
+// prints one JSON line with every rank's figures. Compare R = 1, 2, 4 run one after the other:
+//   for R in 1 2 4; do mpirun -np $R build/bench/data_parallel; done
+// The model: --matrices square bf16 matrices (params and grads) of --dim rows and columns, one
+// vector; ZenFlow's defaults but for topk_ratio 0.1, U = 4, S = 8, synchronous host updates (so
+// that the host-update time is the update's own, not overlapped).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <zenflow/mpi.hpp>
+#include <zenflow/zenflow.hpp>
+
+using namespace zenflow;
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  std::size_t dim = 1024, nmat = 8;
+  int steps = 32;
+  unsigned threads = 1;
+  for (int a = 1; a + 1 < argc; a += 2) {
+    const std::string k = argv[a];
+    const unsigned long v = std::strtoul(argv[a + 1], nullptr, 10);
+    if (k == "--dim") dim = v;
+    else if (k == "--matrices") nmat = v;
+    else if (k == "--steps") steps = int(v);
+    else if (k == "--threads") threads = unsigned(v);
+  }
+  int rank = 0, R = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &R);
+  {
+    config cfg;
+    cfg.topk_ratio = 0.1;
+    cfg.update_interval = interval::every(4);
+    cfg.select_interval = interval::every(8);
+    cfg.overlap_step = false;
+    cfg.host_threads = threads;
+    using dp = optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+                         mpi_communicator>;
+    dp opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+    std::vector<std::vector<bfloat16>> w(nmat, std::vector<bfloat16>(dim * dim)), g(nmat, std::vector<bfloat16>(dim * dim));
+    std::vector<float> b(dim, 0.0f), gb(dim);
+    for (std::size_t m = 0; m < nmat; ++m) {
+      for (std::size_t i = 0; i < dim * dim; ++i) w[m][i] = bfloat16(0.01f * float((i * 7 + m) % 101) - 0.5f);
+      opt.add_matrix(matrix(w[m].data(), g[m].data(), rows{dim}, cols{dim}).dtypes(dtype::bf16, dtype::bf16));
+    }
+    opt.add_vector(zenflow::vector(b.data(), gb.data(), dim));
+    opt.initialize();
+    std::vector<double> step_s;
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t m = 0; m < nmat; ++m)  // a rank's own gradient: a cheap hash, columns of different weight
+        for (std::size_t i = 0; i < dim * dim; ++i) {
+          const std::uint32_t h = std::uint32_t(i * 2654435761u) ^ std::uint32_t(s * 40503 + rank * 977 + int(m));
+          g[m][i] = bfloat16((float(h % 2001) / 1000.0f - 1.0f) * (1.0f + float((i / dim + std::size_t(s)) % 7)));
+        }
+      for (std::size_t i = 0; i < dim; ++i) gb[i] = 0.001f * float(i % 13);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto t0 = std::chrono::steady_clock::now();
+      opt.step();
+      step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    opt.synchronize();
+    std::sort(step_s.begin(), step_s.end());
+    const optimizer_stats st = opt.stats();
+    const double per_step = 1.0 / double(steps);
+    const double mine[] = {st.host_update_seconds / double(std::max<std::uint64_t>(1, st.host_updates)),
+                           double(st.bytes_to_host) * per_step,
+                           double(st.bytes_to_device) * per_step,
+                           double(st.bytes_reduced) * per_step,
+                           double(st.bytes_gathered) * per_step,
+                           double(st.host_pageable_bytes),
+                           step_s[step_s.size() / 2]};
+    constexpr int nf = int(sizeof mine / sizeof mine[0]);
+    std::vector<double> all(std::size_t(R) * nf);
+    MPI_Gather(mine, nf, MPI_DOUBLE, all.data(), nf, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+      const char* names[nf] = {"host_update_s",         "bytes_to_host_per_step", "bytes_to_device_per_step",
+                               "bytes_reduced_per_step", "bytes_gathered_per_step", "host_pageable_bytes",
+                               "median_step_s"};
+      std::printf("{\"bench\":\"data_parallel\",\"ranks\":%d,\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u", R,
+                  nmat * dim * dim + dim, steps, threads);
+      for (int f = 0; f < nf; ++f) {
+        std::printf(",\"%s\":[", names[f]);
+        for (int r = 0; r < R; ++r) std::printf("%s%.6g", r ? "," : "", all[std::size_t(r) * nf + std::size_t(f)]);
+        std::printf("]");
+      }
+      std::printf("}\n");
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
