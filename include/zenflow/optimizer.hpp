@@ -603,12 +603,14 @@ class optimizer {
     updater_.load_vectors(space_);
     if constexpr (Scheduler::concurrent) {
       if (cfg_.overlap_step) {
-        // Room for the unselected gradient columns of every matrix, compacted on the device so
-        // the offload can run behind the next forward/backward (the grad buffers are free again).
+        // Room for the unselected gradient columns of every matrix (of this rank's blocks),
+        // compacted on the device so the offload can run behind the next forward/backward (the
+        // grad buffers are free again).
         std::size_t bytes = 0;
         for (std::size_t i = 0; i < matrices_.size(); ++i) {
           const matrix_param& p = matrices_[i];
-          bytes += align_up((p.cols - updater_.matrix(i).k) * p.rows * size_of(p.grad_type));
+          const std::size_t most = std::min(p.cols - updater_.matrix(i).k, host_.matrix(i).cols);
+          bytes += align_up(most * p.rows * size_of(p.grad_type));
         }
         grad_compact_ = typename Space::template buffer<unsigned char>(bytes);
         compacted_.create();
