@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -162,6 +163,20 @@ std::uint64_t fnv(const std::vector<unsigned char>& b) {
 constexpr std::size_t n_all = R0 * C0 + R1 * C1 + N2;  // the model's elements
 
 std::string tmp_path(const std::string& name) { return std::string(ZF_TEST_TMP_DIR) + "/" + name; }
+
+// Registers m with a fresh optimizer, loads the checkpoint at path, takes steps [k, n) of this
+// rank's own gradients and returns the state.
+template <class Opt>
+std::vector<unsigned char> resume(Opt& opt, model& m, const std::string& path, const gradient_source& src, int k, int n) {
+  m.add_to(opt);
+  opt.initialize();
+  opt.load(path);
+  for (int s = k; s < n; ++s) {
+    src.local_grads(m, s);
+    opt.step();
+  }
+  return state_of(opt, m);
+}
 
 std::uint64_t sum_over_ranks(std::uint64_t x) {
   std::uint64_t s = 0;
@@ -385,16 +400,16 @@ std::vector<unsigned char> reference_state(const gradient_source& src, const con
 }
 
 TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks again or with one") {
-  // The ranks save together: rank 0 writes one file, the whole state, with every rank's blocks
-  // of the host state. Resuming on all the ranks, or on each rank alone (a communicator of one:
-  // a different R, so the blocks are cut anew), equals one process fed the reduced gradient of
-  // the ranks in play at each step.
+  // The ranks save together: each rank its shard (its blocks of the host state), rank 0 the
+  // manifest. Resuming on all the ranks, or on each rank alone (a communicator of one: a
+  // different R, so the blocks are cut anew and every shard is read), or in a plain one-process
+  // optimizer, equals one process fed the reduced gradient of the ranks in play at each step.
   const gradient_source src;
   const int k = 7, n = 12;
   const config cfg = test_config(true);
   const std::string path = tmp_path("mpi_resume.zfc");
   trained(src, cfg, k).opt.save(path);
-  MPI_Barrier(MPI_COMM_WORLD);  // (the file is complete on every rank's return: save() agreed)
+  MPI_Barrier(MPI_COMM_WORLD);  // (the set is complete on every rank's return: save() agreed)
   for (bool alone : {false, true}) {
     CAPTURE(alone);
     MPI_Comm comm = MPI_COMM_WORLD;
@@ -402,15 +417,14 @@ TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks aga
     model m;  // fresh weights: the checkpoint brings the saved ones
     dp_optimizer opt(cfg, mpi_communicator(comm));
     if (alone) MPI_Comm_free(&comm);  // (the communicator works on its own duplicate)
-    m.add_to(opt);
-    opt.initialize();
-    opt.load(path);
-    for (int s = k; s < n; ++s) {
-      src.local_grads(m, s);
-      opt.step();
-    }
-    CHECK(state_of(opt, m) == reference_state(src, cfg, k, n, alone));
+    CHECK(resume(opt, m, path, src, k, n) == reference_state(src, cfg, k, n, alone));
   }
+  if (my_rank() == 0) {  // the set in a plain one-process optimizer
+    model m;
+    optimizer<> opt(cfg);
+    CHECK(resume(opt, m, path, src, k, n) == reference_state(src, cfg, k, n, true));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
@@ -434,36 +448,49 @@ TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
   MPI_Barrier(MPI_COMM_WORLD);
   model m;
   dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
-  m.add_to(opt);
-  opt.initialize();
-  opt.load(path);
-  for (int s = k; s < n; ++s) {
-    src.local_grads(m, s);
-    opt.step();
-  }
-  const auto st = state_of(opt, m);
+  const auto st = resume(opt, m, path, src, k, n);
   CHECK(st == reference_state(src, cfg, k, n, false));
   CHECK(same_everywhere(fnv(st)));
 }
 
+// A fresh set at `path`: the previous manifest is removed first, so the generation is 1.
+void save_fresh(dp_optimizer& opt, const std::string& path) {
+  if (my_rank() == 0) std::remove(path.c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  opt.save(path);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+std::string shard_name(const std::string& path, int generation, int r) {
+  return path + ".g" + std::to_string(generation) + ".rank" + std::to_string(r) + "-of-" + std::to_string(ranks());
+}
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// The file with one payload byte flipped, written to `out`.
+void damage(const std::string& in_path, const std::string& out) {
+  std::ifstream in(in_path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(out, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
 TEST_CASE("data parallel: a load that fails on one rank changes nothing on any rank") {
-  // The last rank is handed a file that does not exist, then one whose checksum is broken: every
-  // rank throws and keeps its state (a load is committed only when every rank's checks pass),
-  // and the ranks go on in step — a good load after it works everywhere.
+  // The last rank is handed a manifest that does not exist, then a damaged one; then every rank
+  // loads sets whose last shard is missing, or damaged (with the same R, rank r reads shard r
+  // only). Every rank throws and keeps its state (a load is committed only when every rank's
+  // checks pass), and the ranks go on in step — a good load after it works everywhere.
   const gradient_source src;
   const config cfg = test_config(true);
-  const std::string good = tmp_path("mpi_agree.zfc"), damaged = tmp_path("mpi_agree_damaged.zfc");
+  const std::string good = tmp_path("mpi_agree.zfc"), no_shard = tmp_path("mpi_agree_no_shard.zfc"),
+                    bad_shard = tmp_path("mpi_agree_bad_shard.zfc"), damaged = tmp_path("mpi_agree_damaged.zfc");
   {
     trained t(src, cfg, 6);
-    t.opt.save(good);
+    for (const std::string& p : {good, no_shard, bad_shard}) save_fresh(t.opt, p);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (my_rank() == 0) {  // the same file with one payload byte flipped
-    std::ifstream in(good, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    bytes[bytes.size() / 2] ^= 0x10;
-    std::ofstream(damaged, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  if (my_rank() == ranks() - 1) {
+    std::remove(shard_name(no_shard, 1, ranks() - 1).c_str());
+    damage(shard_name(good, 1, ranks() - 1), shard_name(bad_shard, 1, ranks() - 1));
   }
+  if (my_rank() == 0) damage(good, damaged);
   MPI_Barrier(MPI_COMM_WORLD);
   trained t(src, cfg, 3);
   const auto before = state_of(t.opt, t.m);
@@ -471,6 +498,11 @@ TEST_CASE("data parallel: a load that fails on one rank changes nothing on any r
   for (const std::string& bad : {tmp_path("mpi_agree_missing.zfc"), damaged}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(t.opt.load(last ? bad : good), checkpoint_error);
+    CHECK(state_of(t.opt, t.m) == before);
+  }
+  for (const std::string& bad : {no_shard, bad_shard}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(t.opt.load(bad), checkpoint_error);
     CHECK(state_of(t.opt, t.m) == before);
   }
   t.opt.load(good);
@@ -481,28 +513,49 @@ TEST_CASE("data parallel: a load that fails on one rank changes nothing on any r
   CHECK(state_of(t.opt, t.m) == reference_state(src, cfg, 6, 9, false));
 }
 
-TEST_CASE("data parallel: a save that rank 0 cannot write fails on every rank, and the next one works") {
+TEST_CASE("data parallel: a save that fails on any rank leaves the previous set loadable") {
+  // Generation 1 is saved after 5 steps. The next save cannot write the last rank's shard (a
+  // directory stands at its name), as if that rank died: every rank throws, and the manifest
+  // still names generation 1, whose files are all there. With the directory gone, the save
+  // works and generation 1's shards are removed. A save to a directory that does not exist
+  // fails on every rank too.
   const gradient_source src;
   const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_save_fails.zfc");
   trained t(src, cfg, 5);
-  CHECK_THROWS_AS(t.opt.save(tmp_path("no-such-directory/x.zfc")), std::runtime_error);
-  const std::string path = tmp_path("mpi_after_failed_save.zfc");
-  t.opt.save(path);  // no message of the failed save is left over to mix into this one
+  save_fresh(t.opt, path);
   for (int s = 5; s < 8; ++s) {
     src.local_grads(t.m, s);
     t.opt.step();
   }
+  const bool last = my_rank() == ranks() - 1;
+  const std::string blocker = shard_name(path, 2, ranks() - 1);
+  if (last) {
+    std::filesystem::remove_all(blocker);  // (a shard an earlier run left there)
+    std::filesystem::create_directory(blocker);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK_THROWS_AS(t.opt.save(path), std::runtime_error);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(exists(shard_name(path, 1, my_rank())));
+  if (!last) CHECK(!exists(shard_name(path, 2, my_rank())));  // a failed save leaves no shard of its own
+  {
+    model m;
+    dp_optimizer o(cfg, mpi_communicator(MPI_COMM_WORLD));
+    // generation 1: the state after 5 steps
+    CHECK(resume(o, m, path, src, 5, 5) == reference_state(src, cfg, 5, 5, false));
+  }
+  if (last) std::filesystem::remove(blocker);
+  MPI_Barrier(MPI_COMM_WORLD);
+  t.opt.save(path);  // generation 2
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(exists(shard_name(path, 2, my_rank())));
+  CHECK(!exists(shard_name(path, 1, my_rank())));
   const auto st = state_of(t.opt, t.m);
   model m;
-  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
-  m.add_to(opt);
-  opt.initialize();
-  opt.load(path);
-  for (int s = 5; s < 8; ++s) {
-    src.local_grads(m, s);
-    opt.step();
-  }
-  CHECK(state_of(opt, m) == st);
+  dp_optimizer o(cfg, mpi_communicator(MPI_COMM_WORLD));
+  CHECK(resume(o, m, path, src, 8, 8) == st);
+  CHECK_THROWS_AS(t.opt.save(tmp_path("no-such-directory/x.zfc")), std::runtime_error);
 }
 
 TEST_CASE("data parallel: the reduction's shards cover every element once, whatever n and R") {

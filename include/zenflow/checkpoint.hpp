@@ -42,7 +42,18 @@ inline constexpr char magic[8] = {'Z', 'F', 'C', 'K', 'P', 'T', '\r', '\n'};
 inline constexpr std::uint32_t version = 2;  // 2: no staged params, no host arrays for k = cols
 inline constexpr std::uint32_t byte_order = 0x01020304u;
 
-enum tag : std::uint32_t { config_tag = 1, layout_tag = 2, counters_tag = 3, matrix_tag = 4, vector_tag = 5 };
+// (shards_tag: a sharded checkpoint's manifest names its set; shard_tag and block_tag: a shard's
+// header and a matrix's block of host arrays in it)
+enum tag : std::uint32_t {
+  config_tag = 1,
+  layout_tag = 2,
+  counters_tag = 3,
+  matrix_tag = 4,
+  vector_tag = 5,
+  shards_tag = 6,
+  shard_tag = 7,
+  block_tag = 8
+};
 
 // CRC-32 (IEEE, reflected) in pieces: state starts at crc32_init, each piece goes through
 // crc32_update, crc32_final gives the checksum. Slicing by 8 (eight tables, eight bytes a round).
@@ -267,6 +278,7 @@ class input {
   std::uint64_t size() const noexcept { return size_; }
   std::uint64_t offset() const noexcept { return at_; }
   std::uint64_t left() const noexcept { return size_ - at_; }
+  bool from_memory() const noexcept { return memory_; }
   [[noreturn]] void fail(const std::string& why) const { throw checkpoint_error("zenflow checkpoint " + name_ + ": " + why); }
 
   void read(void* out, std::size_t n) {

@@ -7,7 +7,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 #include "config.hpp"  // reduce_op
 
@@ -19,18 +18,14 @@ namespace zenflow {
 // bits run after run, whatever the transport underneath does.
 // all_gather(data, bytes): rank r's block of bytes[r] bytes starts at bytes[0] + ... + bytes[r-1]
 // in data; afterwards every rank holds every rank's block there (a copy: no arithmetic).
-// gather_to_root(data, n, sink): rank 0 is handed every rank's n bytes, in rank order, as
-// pieces sink(piece, length) through a bounded buffer; the others only send.
 // all_agree(ok): true on every rank when every rank passed true.
 // Each is a collective: every rank calls it, in the same order.
-using byte_sink = std::function<void(const void*, std::size_t)>;
 template <class T>
 concept communicator_policy = requires(T& c, const T& cc, float* data, void* bytes, const std::size_t* counts) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   c.reduce(data, std::size_t{}, reduce_op::mean);
   c.all_gather(bytes, counts);
-  c.gather_to_root(static_cast<const void*>(bytes), std::size_t{}, byte_sink{});
   { c.all_agree(true) } -> std::convertible_to<bool>;
   { cc.bytes_sent() } -> std::convertible_to<std::uint64_t>;
 };
@@ -42,7 +37,6 @@ struct single_process {
   int size() const noexcept { return 1; }
   void reduce(float*, std::size_t, reduce_op) noexcept {}
   void all_gather(void*, const std::size_t*) noexcept {}
-  void gather_to_root(const void* data, std::size_t n, const byte_sink& sink) { sink(data, n); }
   bool all_agree(bool ok) noexcept { return ok; }
   std::uint64_t bytes_sent() const noexcept { return 0; }
 };

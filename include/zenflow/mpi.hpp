@@ -10,8 +10,8 @@
 // (MPI_Allgatherv). No MPI reduction operator is used, so the bits do not depend on the MPI
 // library's algorithm; each rank sends about 2 (R - 1) / R of the gradient's fp32 bytes per step.
 // The optimizer's sharded host state uses the other collectives: all_gather (the params its
-// block's host updates changed, the state of joining columns), gather_to_root (a checkpoint,
-// written by rank 0) and all_agree (a save or load succeeds on every rank or on none).
+// block's host updates changed, the state of joining columns) and all_agree (a save or load
+// succeeds on every rank or on none).
 #pragma once
 
 #include <mpi.h>
@@ -119,32 +119,6 @@ class mpi_communicator {
         check(MPI_Bcast(at + off + o, int(std::min(piece, bytes[r] - o)), MPI_BYTE, int(r), comm_), "MPI_Bcast");
   }
 
-  // See communicator_policy: point to point, rank by rank, 1 MiB at a time (the root holds no
-  // more than that of the others' data at once).
-  void gather_to_root(const void* data, std::size_t n, const byte_sink& sink) {
-    constexpr std::size_t piece = std::size_t(1) << 20;
-    constexpr int tag = 7;
-    if (rank_ != 0) {
-      const std::uint64_t len = n;
-      check(MPI_Send(&len, 1, MPI_UINT64_T, 0, tag, comm_), "MPI_Send");
-      const auto* at = static_cast<const unsigned char*>(data);
-      for (std::size_t o = 0; o < n; o += piece)
-        check(MPI_Send(at + o, int(std::min(piece, n - o)), MPI_BYTE, 0, tag, comm_), "MPI_Send");
-      return;
-    }
-    sink(data, n);
-    for (int r = 1; r < size_; ++r) {
-      std::uint64_t len = 0;
-      check(MPI_Recv(&len, 1, MPI_UINT64_T, r, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-      recv_.resize(std::size_t(std::min<std::uint64_t>(len, piece)));
-      for (std::uint64_t o = 0; o < len; o += piece) {
-        const std::size_t m = std::size_t(std::min<std::uint64_t>(piece, len - o));
-        check(MPI_Recv(recv_.data(), int(m), MPI_BYTE, r, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-        sink(recv_.data(), m);
-      }
-    }
-  }
-
   bool all_agree(bool ok) {
     int mine = ok ? 1 : 0, all = 0;
     check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
@@ -164,7 +138,6 @@ class mpi_communicator {
   int rank_ = 0, size_ = 1;
   std::uint64_t sent_ = 0;
   std::vector<float> pieces_, shard_;
-  std::vector<unsigned char> recv_;
   std::vector<int> counts_, displs_, mine_, mine_displs_;
 };
 

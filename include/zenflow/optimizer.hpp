@@ -341,7 +341,8 @@ class optimizer {
   // has run but is not yet visible, the Zen-auto sums, and the registered params themselves —
   // atomically (a crash mid-save leaves the previous file intact). A host update in flight is
   // waited for, not applied early: saving does not change the run. Throws std::runtime_error
-  // on I/O failure, with the optimizer unchanged.
+  // on I/O failure, with the optimizer unchanged. Data parallel: a collective that writes a
+  // sharded checkpoint, a shard per rank and a manifest at `path` (optimizer_checkpoint.hpp).
   void save(const std::string& path) {
     if (!initialized_) fail("save() before initialize()");
     check_usable();  // never a checkpoint of a state a failed step left half-changed

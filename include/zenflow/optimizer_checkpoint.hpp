@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -20,51 +21,12 @@
 #include <vector>
 
 #include "checkpoint.hpp"
-#include "communicator.hpp"
+#include "communicator.hpp"  // shard_begin
 #include "config.hpp"
 #include "detail/format.hpp"
 #include "params.hpp"
 
 namespace zenflow::detail {
-
-// The file, written until its first failure, which is kept and rethrown by finish(): past it
-// every write is dropped, so that rank 0 still goes through every gather the other ranks
-// take part in.
-class tolerant_file : public ckpt::typed_writes<tolerant_file> {
- public:
-  tolerant_file(const std::string& path, std::uint32_t sections) {
-    attempt([&] { f_.emplace(path, sections); });
-  }
-  void begin(std::uint32_t t, std::uint64_t len) {
-    attempt([&] { f_->begin(t, len); });
-  }
-  void bytes(const void* p, std::size_t n) {
-    attempt([&] { f_->bytes(p, n); });
-  }
-  void end() {
-    attempt([&] { f_->end(); });
-  }
-  void section(std::uint32_t t, const ckpt::writer& w) {
-    attempt([&] { f_->section(t, w); });
-  }
-  void finish() {
-    attempt([&] { f_->commit(); });
-    if (failed_) std::rethrow_exception(failed_);
-  }
-
- private:
-  template <class F>
-  void attempt(F&& f) {
-    if (failed_) return;
-    try {
-      f();
-    } catch (...) {
-      failed_ = std::current_exception();
-    }
-  }
-  std::optional<ckpt::file_writer> f_;
-  std::exception_ptr failed_;
-};
 
 template <class Opt>
 struct optimizer_checkpoint {
@@ -74,57 +36,190 @@ struct optimizer_checkpoint {
   //   each) | u32 counts[active] | host arrays: fp32 master, m, v, accumulator(s) ([cols][rows]
   //   each), u32 counts[cols] | the params (rows*cols of the param dtype, registered layout)
   // The same on every space: where an fp32 param is its own master, its selected columns are
-  // written as the master (and read back from the params on load).
-  static std::uint64_t matrix_bytes(const Opt& o, std::size_t i, std::uint64_t active) {
+  // written as the master (and read back from the params on load). In the manifest of a sharded
+  // checkpoint (below) the host arrays are left out: they are in the shards.
+  static std::uint64_t matrix_bytes(const Opt& o, std::size_t i, std::uint64_t active, bool host = true) {
     const matrix_param& p = o.matrices_[i];
     const std::uint64_t n = std::uint64_t(p.rows) * p.cols, pb = n * size_of(p.param_type);
+    const std::uint64_t h = host && !o.resident(i) ? host_bytes(o, i, p.cols) : 0;
+    return 8 + 4 * active + 12 * active * p.rows + 4 * active + h + pb;
+  }
+  // The host arrays of `cols` columns of matrix i: master, m, v, the accumulator(s), the counts.
+  static std::uint64_t host_bytes(const Opt& o, std::size_t i, std::uint64_t cols) {
     const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
-    const std::uint64_t host = o.resident(i) ? 0 : (12 + 4 * accs) * n + 4 * p.cols;
-    return 8 + 4 * active + 12 * active * p.rows + 4 * active + host + pb;
+    return (12 + 4 * accs) * o.matrices_[i].rows * cols + 4 * cols;
   }
   static std::uint64_t vector_bytes(const vector_param& p) { return 12 * std::uint64_t(p.n) + 4 + p.n * size_of(p.param_type); }
 
-  // The complete state (see optimizer::save), written atomically to `path`, streamed: host
-  // arrays go to the file from where they are, device arrays through one bounded buffer. The
-  // optimizer has finished any host update in flight. Data parallel, rank 0 writes the file and
-  // the others send it their blocks of the host arrays as it reaches them (the file is the one
-  // a single process writes: any number of ranks can load it); every rank throws if the file
-  // could not be written.
-  static void save(Opt& o, const std::string& path) {
-    if (o.comm_.rank() != 0) {
-      send_host_state(o);
-      if (!o.comm_.all_agree(true)) throw std::runtime_error("zenflow: rank 0 could not write the checkpoint " + path);
-      return;
-    }
-    // Once the ranks are sending, rank 0 must go on receiving whatever happens to its file: a
-    // failure is kept and rethrown at the end, after every rank has heard of it.
-    std::exception_ptr failed;
+  // ---- sharded checkpoints (data parallel) ------------------------------------------------
+  // A data-parallel optimizer saves a set of files: each rank writes its shard — the host arrays
+  // of its blocks of columns — to <path>.g<generation>.rank<r>-of-<R>, and rank 0 then writes
+  // the manifest to <path>: the checkpoint of one process without the host arrays, plus a
+  // section naming the set (generation, R, the shards' base name and sizes). Each file is
+  // written atomically, and the manifest only once every shard is in place, so until then <path>
+  // names the previous, complete set — whichever rank dies whenever. Then each rank removes its
+  // shard of the previous set. Any number of ranks (or one process) can load the set: each reads
+  // the manifest and, from the shards whose blocks overlap its own, its columns.
+  struct set_info {
+    std::uint64_t generation = 0;
+    std::uint32_t ranks = 0;
+    std::string base;                  // the manifest's file name when it was written
+    std::vector<std::uint64_t> sizes;  // of each shard file
+  };
+  static constexpr std::uint32_t max_shards = 1u << 16;
+  static constexpr std::size_t max_base = 4096;
+
+  static std::string dir_of(const std::string& path) {
+    const std::size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+  }
+  static std::string base_of(const std::string& path) { return path.substr(dir_of(path).size()); }
+  static std::string shard_path(const std::string& dir, const std::string& base, std::uint64_t generation, int r,
+                                int ranks) {
+    return dir + base + ".g" + std::to_string(generation) + ".rank" + std::to_string(r) + "-of-" + std::to_string(ranks);
+  }
+
+  static void write_set_info(ckpt::writer& w, const set_info& s) {
+    w.put(s.generation);
+    w.put(s.ranks);
+    w.put<std::uint32_t>(std::uint32_t(s.base.size()));
+    w.bytes(s.base.data(), s.base.size());
+    for (std::uint64_t b : s.sizes) w.put(b);
+  }
+  template <class Bad>
+  static set_info read_set_info(ckpt::reader& r, Bad bad) {
+    set_info s;
+    s.generation = r.template get<std::uint64_t>();
+    s.ranks = r.template get<std::uint32_t>();
+    const auto len = r.template get<std::uint32_t>();
+    if (s.ranks == 0 || s.ranks > max_shards || len == 0 || len > max_base) bad("shards section is inconsistent");
+    s.base.resize(len);
+    r.bytes(s.base.data(), len);
+    if (s.base.find('/') != std::string::npos || s.base == "." || s.base == "..") bad("shards section is inconsistent");
+    s.sizes.resize(s.ranks);
+    for (auto& b : s.sizes) b = r.template get<std::uint64_t>();
+    r.done();
+    return s;
+  }
+  // The set a manifest at `path` names, if `path` is a readable manifest (else nothing).
+  static std::optional<set_info> set_at(const std::string& path) {
     try {
-      write(o, path);
+      ckpt::input in(path);
+      if (ckpt::read_header(in) < 4) return std::nullopt;
+      for (std::size_t k = 0; k < 3; ++k) {  // (config, layout, counters: skipped)
+        const std::uint64_t len = ckpt::read_section_header(in, k).len;
+        in.seek(in.offset() + len + 4);
+      }
+      const ckpt::section_header h = ckpt::read_section_header(in, 3);
+      if (h.tag != ckpt::shards_tag || h.len > 16 + max_base + 8 * std::uint64_t(max_shards)) return std::nullopt;
+      std::vector<unsigned char> data(std::size_t(h.len));
+      ckpt::section_in r(in, h.len, 3);
+      r.bytes(data.data(), data.size());
+      r.finish();
+      ckpt::reader rd(data.data(), data.size(), "shards");
+      return read_set_info(rd, [&](const std::string& why) { in.fail(why); });
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  // The complete state (see optimizer::save), written atomically. One process: one file, at
+  // `path`, streamed (host arrays go to the file from where they are, device arrays through one
+  // bounded buffer). Data parallel: a set of shards and a manifest (above); every rank throws
+  // if any file could not be written, and <path> keeps naming the previous set. The optimizer
+  // has finished any host update in flight.
+  static void save(Opt& o, const std::string& path) {
+    if constexpr (Opt::data_parallel) save_set(o, path);
+    else write(o, path, nullptr);
+  }
+
+  static void save_set(Opt& o, const std::string& path) {
+    auto& comm = o.comm_;
+    const int R = comm.size(), rank = comm.rank();
+    std::vector<std::size_t> counts(std::size_t(R), 0);
+    // rank 0 tells every rank the new generation and the previous set's (generation, R)
+    std::uint64_t gen[3] = {1, 0, 0};
+    if (rank == 0) {
+      if (const auto old = set_at(path)) {
+        gen[0] = old->generation + 1;
+        gen[1] = old->generation;
+        gen[2] = old->ranks;
+      }
+    }
+    counts[0] = sizeof gen;
+    comm.all_gather(gen, counts.data());
+    const std::string dir = dir_of(path), base = base_of(path);
+    const std::string mine = shard_path(dir, base, gen[0], rank, R);
+    std::exception_ptr failed;
+    std::vector<std::uint64_t> sizes(std::size_t(R), 0);
+    try {
+      sizes[std::size_t(rank)] = write_shard(o, mine, gen[0]);
     } catch (...) {
       failed = std::current_exception();
     }
-    if (!o.comm_.all_agree(!failed)) {
+    auto give_up = [&](const char* what) {
+      std::remove(mine.c_str());
       if (failed) std::rethrow_exception(failed);
-      throw std::runtime_error("zenflow: a rank could not take part in writing the checkpoint " + path);
+      throw std::runtime_error(std::string("zenflow: ") + what + " of checkpoint " + path +
+                               " could not be written; the previous checkpoint stands");
+    };
+    if (!comm.all_agree(!failed)) give_up("a shard");
+    for (auto& c : counts) c = 8;
+    comm.all_gather(sizes.data(), counts.data());
+    if (rank == 0) {
+      try {
+        const set_info info{gen[0], std::uint32_t(R), base, sizes};
+        write(o, path, &info);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    if (!comm.all_agree(!failed)) give_up("the manifest");
+    // <path> names the new set: the previous one's shards go (rank 0 also removes those of ranks
+    // beyond R, if the previous set had more)
+    if (gen[1] != 0) {
+      const int old_r = int(gen[2]);
+      if (rank < old_r) std::remove(shard_path(dir, base, gen[1], rank, old_r).c_str());
+      if (rank == 0)
+        for (int r = R; r < old_r; ++r) std::remove(shard_path(dir, base, gen[1], r, old_r).c_str());
     }
   }
 
-  // The other ranks' part of save(): their blocks of every host array, in the file's order.
-  static void send_host_state(Opt& o) {
-    const byte_sink none = [](const void*, std::size_t) {};
+  // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
+  // matrix with host state, its block's host arrays. Returns the file's size.
+  static std::uint64_t write_shard(Opt& o, const std::string& path, std::uint64_t generation) {
+    ckpt::writer head;
+    head.put(generation);
+    head.put<std::uint32_t>(std::uint32_t(o.comm_.rank()));
+    head.put<std::uint32_t>(std::uint32_t(o.comm_.size()));
+    head.put<std::uint64_t>(o.matrices_.size());
+    std::uint32_t sections = 1;
+    for (std::size_t i = 0; i < o.matrices_.size(); ++i) sections += o.host_.matrix(i).on_host ? 1 : 0;
+    ckpt::file_writer f(path, sections);
+    f.section(ckpt::shard_tag, head);
+    std::uint64_t size = 24 + 20 + head.data().size();
     for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
       const auto& h = o.host_.matrix(i);
       if (!h.on_host) continue;
-      const std::size_t n = h.rows * h.cols;
-      for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()})
-        o.comm_.gather_to_root(a, 4 * n, none);
-      if (o.cfg_.overlap_step) o.comm_.gather_to_root(h.acc[1].data(), 4 * n, none);
-      o.comm_.gather_to_root(h.counts.data(), 4 * h.cols, none);
+      f.begin(ckpt::block_tag, host_bytes(o, i, h.cols));
+      write_host_arrays(o, f, h);
+      f.end();
+      size += 20 + host_bytes(o, i, h.cols);
     }
+    f.commit();
+    return size;
+  }
+  template <class File, class State>
+  static void write_host_arrays(const Opt& o, File& f, const State& h) {
+    const std::size_t n = h.rows * h.cols;
+    for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) f.bytes(a, 4 * n);
+    if (o.cfg_.overlap_step) f.bytes(h.acc[1].data(), 4 * n);
+    f.bytes(h.counts.data(), 4 * h.cols);
   }
 
-  static void write(Opt& o, const std::string& path) {
+  // One process's checkpoint at `path`; with `set`, the manifest of a sharded one instead (no
+  // host arrays; a shards section after the counters).
+  static void write(Opt& o, const std::string& path, const set_info* set) {
     ckpt::writer conf, lay, cnt;
     write_config(conf, o.cfg_);
     lay.put<std::uint64_t>(o.matrices_.size());
@@ -158,10 +253,15 @@ struct optimizer_checkpoint {
       cnt.put(o.auto_a_[i]);
       cnt.put(o.auto_b_[i]);
     }
-    tolerant_file f(path, std::uint32_t(3 + o.matrices_.size() + o.vectors_.size()));
+    ckpt::file_writer f(path, std::uint32_t((set ? 4 : 3) + o.matrices_.size() + o.vectors_.size()));
     f.section(ckpt::config_tag, conf);
     f.section(ckpt::layout_tag, lay);
     f.section(ckpt::counters_tag, cnt);
+    if (set) {
+      ckpt::writer sh;
+      write_set_info(sh, *set);
+      f.section(ckpt::shards_tag, sh);
+    }
     std::vector<unsigned char> buf;
     auto from_device = [&](const void* src, std::size_t bytes) {
       const auto* at = static_cast<const unsigned char*>(src);
@@ -179,7 +279,7 @@ struct optimizer_checkpoint {
       const auto& d = o.updater_.matrix(i);
       const auto& h = o.host_.matrix(i);
       const std::size_t n = p.rows * p.cols, ks = d.active * p.rows, pb = n * size_of(p.param_type);
-      f.begin(ckpt::matrix_tag, matrix_bytes(o, i, d.active));
+      f.begin(ckpt::matrix_tag, matrix_bytes(o, i, d.active, !set));
       f.put<std::uint64_t>(d.active);
       f.bytes(o.selected_[i].data(), 4 * d.active);
       if (d.param_master) {  // the selected columns of the param, gathered a chunk at a time
@@ -197,14 +297,7 @@ struct optimizer_checkpoint {
       }
       for (const float* a : {d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) from_device(a, 4 * ks);
       from_device(d.counts[d.cur].data(), 4 * d.active);
-      if (h.on_host) {  // every rank's block of each array, in rank order: the array
-        const byte_sink to_file = [&](const void* piece, std::size_t m) { f.bytes(piece, m); };
-        const std::size_t own = 4 * h.rows * h.cols;
-        for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()})
-          o.comm_.gather_to_root(a, own, to_file);
-        if (o.cfg_.overlap_step) o.comm_.gather_to_root(h.acc[1].data(), own, to_file);
-        o.comm_.gather_to_root(h.counts.data(), 4 * h.cols, to_file);
-      }
+      if (h.on_host && !set) write_host_arrays(o, f, h);
       from_device(p.param, pb);
       f.end();
     }
@@ -219,7 +312,7 @@ struct optimizer_checkpoint {
       from_device(p.param, p.n * size_of(p.param_type));
       f.end();
     }
-    f.finish();
+    f.commit();
   }
 
   // Checks a checkpoint against this optimizer and, only if everything holds, restores it (see
@@ -235,9 +328,12 @@ struct optimizer_checkpoint {
     const std::size_t nm = o.matrices_.size(), nv = o.vectors_.size();
     const std::size_t want = 3 + nm + nv;
     const std::uint32_t count = ckpt::read_header(in);
-    if (count != want)
+    // one process's checkpoint, or the manifest of a sharded one (a shards section more)
+    const bool sharded = count == want + 1;
+    if (count != want && !sharded)
       bad("has " + std::to_string(count) + " sections, this optimizer needs " + std::to_string(want) +
           " (a different number of registered parameters?)");
+    const std::size_t first = sharded ? 4 : 3;  // the first matrix section
     std::vector<unsigned char> buf;
     // a small section, whole, its checksum checked; at most `cap` bytes
     auto small = [&](std::size_t index, std::uint32_t t, const char* what, std::uint64_t cap) {
@@ -310,12 +406,20 @@ struct optimizer_checkpoint {
       ab[i] = rn.get<double>();
     }
     rn.done();
+    set_info set;
+    if (sharded) {
+      if (in.from_memory()) bad("is the manifest of a sharded checkpoint: load it from its file, beside its shards");
+      const auto sh = small(3, ckpt::shards_tag, "shards", 16 + max_base + 8 * std::uint64_t(max_shards));
+      ckpt::reader rs(sh.data(), sh.size(), "shards");
+      set = read_set_info(rs, bad);
+    }
     // The file's size against what this optimizer's checkpoint can be (a matrix section holds its
     // selected columns, none before the first selection), before any payload is read.
     std::uint64_t lo = in.offset(), hi = in.offset();
     for (std::size_t i = 0; i < nm; ++i) {
       // (a matrix with every column selected is placed on the device at initialize: always k)
-      const std::uint64_t b = matrix_bytes(o, i, o.updater_.matrix(i).k), a = o.resident(i) ? b : matrix_bytes(o, i, 0);
+      const std::uint64_t b = matrix_bytes(o, i, o.updater_.matrix(i).k, !sharded),
+                          a = o.resident(i) ? b : matrix_bytes(o, i, 0, !sharded);
       lo += 20 + std::min(a, b);
       hi += 20 + std::max(a, b);
     }
@@ -334,52 +438,28 @@ struct optimizer_checkpoint {
       std::size_t active;
     };
     std::vector<placed> where;
-    // fp32 masters and moments read through their checksum and checked finite: a state holding an
-    // infinite v would freeze its column for good (what a step whose gradient would cause it is
-    // skipped for), a NaN would spread; neither can come from save(). (Reported after the
-    // section's checksum: a damaged file is called damaged.)
-    auto finite_floats = [&](ckpt::section_in& r, std::uint64_t count) {
-      unsigned char carry[4];
-      std::size_t nc = 0;
-      bool ok = true;
-      r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
-        std::size_t k = 0;
-        while (nc > 0 && nc < 4 && k < m) carry[nc++] = p[k++];  // a float split between pieces
-        if (nc == 4) {
-          float x;
-          std::memcpy(&x, carry, 4);
-          ok = ok && std::isfinite(x);
-          nc = 0;
-        }
-        for (; k + 4 <= m; k += 4) {
-          float x;
-          std::memcpy(&x, p + k, 4);
-          ok = ok && std::isfinite(x);
-        }
-        while (k < m) carry[nc++] = p[k++];
-      });
-      return ok;
-    };
+    // fp32 masters and moments checked finite (finite_floats), reported after the section's
+    // checksum: a damaged file is called damaged.
     for (std::size_t i = 0; i < nm; ++i) {
-      const std::size_t index = 3 + i;
+      const std::size_t index = first + i;
       const ckpt::section_header h = ckpt::read_section_header(in, index);
       if (h.tag != ckpt::matrix_tag) bad("section " + std::to_string(index) + " should be matrix " + std::to_string(i));
       const matrix_param& p = o.matrices_[i];
       const std::size_t k = o.updater_.matrix(i).k;
-      const std::size_t active = h.len == matrix_bytes(o, i, k) || o.resident(i) ? k : 0;
-      if (h.len != matrix_bytes(o, i, active)) bad("matrix " + std::to_string(i) + " section has the wrong size");
+      const std::size_t active = h.len == matrix_bytes(o, i, k, !sharded) || o.resident(i) ? k : 0;
+      if (h.len != matrix_bytes(o, i, active, !sharded)) bad("matrix " + std::to_string(i) + " section has the wrong size");
       const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
       const std::size_t accs = o.cfg_.overlap_step ? 2 : 1;
-      const bool on_host = !o.resident(i);
+      const bool on_host = !o.resident(i) && !sharded;
       where.push_back({in.offset(), h.len, active});
       ckpt::section_in r(in, h.len, index);
       const auto stored = r.get<std::uint64_t>();
       std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
       r.bytes(cols.data(), 4 * active);
-      bool finite = finite_floats(r, 3 * std::uint64_t(active) * p.rows);
+      bool finite = finite_floats(r, 3 * std::uint64_t(active) * p.rows, buf);
       r.bytes(counts.data(), 4 * active);
       if (on_host) {
-        finite = finite_floats(r, 3 * std::uint64_t(n)) && finite;
+        finite = finite_floats(r, 3 * std::uint64_t(n), buf) && finite;
         r.skip(4 * accs * std::uint64_t(n), buf);
         r.bytes(hcounts.data(), 4 * p.cols);
       } else {
@@ -399,14 +479,14 @@ struct optimizer_checkpoint {
         if (x > c[0]) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
     }
     for (std::size_t i = 0; i < nv; ++i) {
-      const std::size_t index = 3 + nm + i;
+      const std::size_t index = first + nm + i;
       const vector_param& p = o.vectors_[i];
       const ckpt::section_header h = ckpt::read_section_header(in, index);
       if (h.tag != ckpt::vector_tag) bad("section " + std::to_string(index) + " should be vector " + std::to_string(i));
       if (h.len != vector_bytes(p)) bad("vector " + std::to_string(i) + " section has the wrong size");
       where.push_back({in.offset(), h.len, 0});
       ckpt::section_in r(in, h.len, index);
-      const bool finite = finite_floats(r, 3 * std::uint64_t(p.n));
+      const bool finite = finite_floats(r, 3 * std::uint64_t(p.n), buf);
       const auto vc = r.get<std::uint32_t>();
       r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
       r.finish();
@@ -414,12 +494,16 @@ struct optimizer_checkpoint {
       if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
     }
     if (in.left() != 0) bad("trailing bytes after the last section");
+    // the shards this rank reads its columns from, each checked whole
+    std::vector<shard_in> shards;
+    if (sharded) shards = open_shards(o, in, set, c[0], buf);
 
     // ---- Pass 2, everything checked (data parallel: on every rank): commit ----
     o.agree_to_commit(in);
     o.quiesce();
     try {
-      commit(o, in, where, buf);
+      commit(o, in, first, where, buf);
+      for (auto& sh : shards) commit_shard(o, sh, buf);
     } catch (const std::exception& e) {
       o.broken_ = std::string("a checkpoint load failed while committing: ") + e.what();
       throw;
@@ -448,7 +532,8 @@ struct optimizer_checkpoint {
   // Pass 2 of load: each section read again, straight into the optimizer's arrays (device ones
   // through the bounded buffer), its checksum checked again at the end.
   template <class Placed>
-  static void commit(Opt& o, ckpt::input& in, const std::vector<Placed>& where, std::vector<unsigned char>& buf) {
+  static void commit(Opt& o, ckpt::input& in, std::size_t first, const std::vector<Placed>& where,
+                     std::vector<unsigned char>& buf) {
     const std::size_t nm = o.matrices_.size();
     auto to_device = [&](ckpt::section_in& r, void* dst, std::size_t bytes) {
       auto* at = static_cast<unsigned char*>(dst);
@@ -465,7 +550,7 @@ struct optimizer_checkpoint {
       const std::size_t active = where[i].active;
       const std::size_t n = p.rows * p.cols, ks = active * p.rows, pb = n * size_of(p.param_type);
       in.seek(where[i].at);
-      ckpt::section_in r(in, where[i].len, 3 + i);
+      ckpt::section_in r(in, where[i].len, first + i);
       if (r.get<std::uint64_t>() != active) in.fail("changed while it was being loaded");
       d.cur = 0;
       d.active = active;
@@ -477,17 +562,7 @@ struct optimizer_checkpoint {
       to_device(r, d.exp_avg[0].data(), 4 * ks);
       to_device(r, d.exp_avg_sq[0].data(), 4 * ks);
       to_device(r, d.counts[0].data(), 4 * active);
-      if (h.on_host) {  // this rank's block of columns of each array (all of them in one process)
-        const std::uint64_t c0 = o.col_begin(i, o.comm_.rank()), own = h.cols;
-        auto block = [&](void* dst, std::uint64_t per_col) {
-          r.skip(c0 * per_col, buf);
-          r.bytes(dst, std::size_t(own * per_col));
-          r.skip((p.cols - c0 - own) * per_col, buf);
-        };
-        for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) block(a, 4 * p.rows);
-        if (o.cfg_.overlap_step) block(h.acc[1].data(), 4 * p.rows);
-        block(h.counts.data(), 4);
-      }
+      if (h.on_host && first == 3) read_host_arrays(o, i, r, 0, p.cols, buf);  // (a manifest has none)
       to_device(r, p.param, pb);
       r.finish();
       o.set_unselected(i);
@@ -496,7 +571,7 @@ struct optimizer_checkpoint {
       const vector_param& p = o.vectors_[i];
       auto& v = o.updater_.vector(i);
       in.seek(where[nm + i].at);
-      ckpt::section_in r(in, where[nm + i].len, 3 + nm + i);
+      ckpt::section_in r(in, where[nm + i].len, first + nm + i);
       if (v.param_master) r.skip(4 * std::uint64_t(p.n), buf);  // the param below is the master
       else to_device(r, v.master.data(), 4 * p.n);
       to_device(r, v.exp_avg.data(), 4 * p.n);
@@ -506,6 +581,144 @@ struct optimizer_checkpoint {
       r.finish();
     }
     o.space_.fence();
+  }
+
+  // `count` fp32 values of a section read through its checksum: are they all finite? (A state
+  // holding an infinite v would freeze its column for good — what a step whose gradient would
+  // cause it is skipped for —, a NaN would spread; neither can come from save().)
+  static bool finite_floats(ckpt::section_in& r, std::uint64_t count, std::vector<unsigned char>& buf) {
+    unsigned char carry[4];
+    std::size_t nc = 0;
+    bool ok = true;
+    r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
+      std::size_t k = 0;
+      while (nc > 0 && nc < 4 && k < m) carry[nc++] = p[k++];  // a float split between pieces
+      if (nc == 4) {
+        float x;
+        std::memcpy(&x, carry, 4);
+        ok = ok && std::isfinite(x);
+        nc = 0;
+      }
+      for (; k + 4 <= m; k += 4) {
+        float x;
+        std::memcpy(&x, p + k, 4);
+        ok = ok && std::isfinite(x);
+      }
+      while (k < m) carry[nc++] = p[k++];
+    });
+    return ok;
+  }
+
+  // Host arrays of matrix i's columns [o0, o1), as stored in a section, read where they overlap
+  // this rank's block (all of them in one process) into its host state; the rest is skipped.
+  static void read_host_arrays(Opt& o, std::size_t i, ckpt::section_in& r, std::uint64_t o0, std::uint64_t o1,
+                               std::vector<unsigned char>& buf) {
+    auto& h = o.host_.matrix(i);
+    const std::uint64_t c0 = o.col_begin(i, o.comm_.rank()), c1 = c0 + h.cols;
+    const std::uint64_t lo = std::clamp(c0, o0, o1), hi = std::clamp(c1, lo, o1);
+    auto array = [&](void* dst, std::uint64_t per_col) {
+      r.skip((lo - o0) * per_col, buf);
+      r.bytes(static_cast<unsigned char*>(dst) + (lo - std::min(lo, c0)) * per_col, std::size_t((hi - lo) * per_col));
+      r.skip((o1 - hi) * per_col, buf);
+    };
+    const std::uint64_t col = 4 * std::uint64_t(h.rows);
+    for (float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) array(a, col);
+    if (o.cfg_.overlap_step) array(h.acc[1].data(), col);
+    array(h.counts.data(), 4);
+  }
+
+  // A shard of a set that this rank reads from: its file, open from the check to the commit, and
+  // where its matrices' sections are (len 0: a matrix without host state).
+  struct shard_in {
+    std::unique_ptr<ckpt::input> in;
+    int rank = 0, ranks = 1;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> where;  // offset, length
+  };
+
+  // Opens the shards whose blocks overlap this rank's and checks each whole — size, header,
+  // every checksum, finite masters and moments, counts within the applied steps — like a
+  // checkpoint's own sections.
+  static std::vector<shard_in> open_shards(Opt& o, ckpt::input& manifest, const set_info& set, std::uint64_t applied,
+                                           std::vector<unsigned char>& buf) {
+    const std::size_t nm = o.matrices_.size();
+    const int R = int(set.ranks);
+    std::vector<shard_in> out;
+    for (int s = 0; s < R; ++s) {
+      bool needed = false;
+      for (std::size_t i = 0; i < nm; ++i) {
+        const auto& h = o.host_.matrix(i);
+        const std::uint64_t cols = o.matrices_[i].cols, c0 = o.col_begin(i, o.comm_.rank());
+        const std::uint64_t o0 = detail::shard_begin(cols, R, s), o1 = detail::shard_begin(cols, R, s + 1);
+        needed = needed || (h.on_host && std::max(c0, o0) < std::min(c0 + h.cols, o1));
+      }
+      if (!needed) continue;
+      shard_in sh;
+      sh.rank = s;
+      sh.ranks = R;
+      sh.in = std::make_unique<ckpt::input>(shard_path(dir_of(manifest.name()), set.base, set.generation, s, R));
+      ckpt::input& in = *sh.in;
+      auto bad = [&](const std::string& why) { in.fail(why + " (a shard of " + manifest.name() + ")"); };
+      if (in.size() != set.sizes[std::size_t(s)])
+        bad("has " + std::to_string(in.size()) + " bytes, the manifest says " + std::to_string(set.sizes[std::size_t(s)]));
+      std::uint32_t sections = 1;
+      for (std::size_t i = 0; i < nm; ++i) sections += o.host_.matrix(i).on_host ? 1 : 0;
+      if (ckpt::read_header(in) != sections) bad("has the wrong number of sections");
+      const ckpt::section_header hh = ckpt::read_section_header(in, 0);
+      if (hh.tag != ckpt::shard_tag || hh.len != 24) bad("has no shard header");
+      std::vector<unsigned char> head(24);
+      {
+        ckpt::section_in r(in, hh.len, 0);
+        r.bytes(head.data(), head.size());
+        r.finish();
+      }
+      ckpt::reader rh(head.data(), head.size(), "shard header");
+      const auto gen = rh.get<std::uint64_t>();
+      const auto rank = rh.get<std::uint32_t>(), ranks = rh.get<std::uint32_t>();
+      const auto matrices = rh.get<std::uint64_t>();
+      if (gen != set.generation || rank != std::uint32_t(s) || ranks != set.ranks || matrices != nm)
+        bad("belongs to another checkpoint (generation " + std::to_string(gen) + ", rank " + std::to_string(rank) + " of " +
+            std::to_string(ranks) + "; the manifest wants generation " + std::to_string(set.generation) + ", rank " +
+            std::to_string(s) + " of " + std::to_string(R) + ")");
+      std::size_t index = 1;
+      sh.where.assign(nm, {0, 0});
+      for (std::size_t i = 0; i < nm; ++i) {
+        const auto& h = o.host_.matrix(i);
+        if (!h.on_host) continue;
+        const std::uint64_t cols = o.matrices_[i].cols;
+        const std::uint64_t n = detail::shard_begin(cols, R, s + 1) - detail::shard_begin(cols, R, s);
+        const ckpt::section_header mh = ckpt::read_section_header(in, index);
+        if (mh.tag != ckpt::block_tag || mh.len != host_bytes(o, i, n))
+          bad("section " + std::to_string(index) + " is not matrix " + std::to_string(i) + "'s block");
+        sh.where[i] = {in.offset(), mh.len};
+        ckpt::section_in r(in, mh.len, index);
+        const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
+        const bool finite = finite_floats(r, 3 * n * h.rows, buf);
+        r.skip(4 * accs * n * h.rows, buf);
+        std::vector<std::uint32_t> counts(n);
+        r.bytes(counts.data(), 4 * n);
+        r.finish();
+        if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite");
+        for (auto x : counts)
+          if (x > applied) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
+        ++index;
+      }
+      if (in.left() != 0) bad("trailing bytes after the last section");
+      out.push_back(std::move(sh));
+    }
+    return out;
+  }
+
+  // Pass 2 for a shard: the columns of its blocks that are this rank's, into the host state.
+  static void commit_shard(Opt& o, shard_in& sh, std::vector<unsigned char>& buf) {
+    for (std::size_t i = 0, index = 1; i < o.matrices_.size(); ++i) {
+      if (!o.host_.matrix(i).on_host) continue;
+      const std::uint64_t cols = o.matrices_[i].cols;
+      sh.in->seek(sh.where[i].first);
+      ckpt::section_in r(*sh.in, sh.where[i].second, index++);
+      read_host_arrays(o, i, r, detail::shard_begin(cols, sh.ranks, sh.rank), detail::shard_begin(cols, sh.ranks, sh.rank + 1),
+                       buf);
+      r.finish();
+    }
   }
 
   static void write_config(ckpt::writer& w, const config& c) {
