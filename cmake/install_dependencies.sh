@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing zenflow needs on Debian/Ubuntu, skipping what is there:
 # a C++20 compiler, CMake, Ninja, make and pkg-config (the package test), oneTBB, xsimd and
-# doctest, Open MPI (the data-parallel tests), and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
+# doctest, Open MPI (the data-parallel tests), NCCL where the CUDA toolkit lacks it (the
+# nvidia-nccl-cu13 wheel), and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
 # ${ZENFLOW_TOOLS_DIR:-~/.cache/zenflow-tools}, not the system's Python); with --fuzz also clang
 # and its libFuzzer runtime. The CUDA toolkit is optional and not installed here (the host library
 # builds and tests without it).
@@ -31,4 +32,21 @@ else
   echo "zenflow dependencies: installing conan into $tools/venv"
   /usr/bin/python3 -m venv "$tools/venv"
   "$tools/venv/bin/pip" install -q --disable-pip-version-check "conan>=2,<3"
+fi
+
+# NCCL for zenflow::nccl (data parallel on the CUDA space): only where the CUDA toolkit is present
+# and has no NCCL of its own; then NVIDIA's nvidia-nccl-cu13 wheel (nccl.h and libnccl.so.2) goes
+# into the same virtual environment, where cmake/FindNCCL.cmake looks.
+nvcc_bin="$(command -v nvcc || true)"
+[ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc_bin" ]; then
+  cuda_root="$(dirname "$(dirname "$(readlink -f "$nvcc_bin")")")"
+  if [ -f "$cuda_root/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
+    echo "zenflow dependencies: NCCL present (with the CUDA toolkit or the system)"
+  elif compgen -G "$tools/venv/lib/python3*/site-packages/nvidia/nccl/include/nccl.h" > /dev/null; then
+    echo "zenflow dependencies: NCCL present (nvidia-nccl-cu13 in $tools/venv)"
+  else
+    echo "zenflow dependencies: installing nvidia-nccl-cu13 into $tools/venv"
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check "nvidia-nccl-cu13>=2.27"
+  fi
 fi

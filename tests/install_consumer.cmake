@@ -21,6 +21,9 @@ run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}")
 set(cuda_args -DZF_CUDA_CONSUMER=OFF)
 if(WITH_CUDA)
   set(cuda_args -DZF_CUDA_CONSUMER=ON -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER} -DCMAKE_CUDA_ARCHITECTURES=80)
+  if(WITH_NCCL)  # and a .cu file against zenflow::nccl (NCCL found by the package's FindNCCL)
+    list(APPEND cuda_args -DZF_NCCL_CONSUMER=ON)
+  endif()
 endif()
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
@@ -51,6 +54,9 @@ run("${WORK_DIR}/make/consumer_pc")
 run("${WORK_DIR}/make/consumer_c_pc")
 if(WITH_CUDA)
   run("${WORK_DIR}/build/consumer_cuda")
+endif()
+if(WITH_CUDA AND WITH_NCCL)
+  run("${WORK_DIR}/build/consumer_nccl")
 endif()
 
 execute_process(

@@ -130,6 +130,18 @@ config test_config(bool overlap) {
 using dp_optimizer =
     optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, mpi_communicator>;
 
+// A space and communicator pair as the CUDA space and nccl_communicator are to the optimizer —
+// the communicator works on the space's device memory, not the host space's — on host memory:
+// every collective on host data (inspection, checkpoints) goes through the gather space (up,
+// gathered, down), the path the NCCL communicator takes on a GPU.
+struct staged_space : host_space {};
+struct staged_mpi : mpi_communicator {
+  using space = staged_space;
+  using mpi_communicator::mpi_communicator;
+};
+using staged_optimizer = optimizer<staged_space, column_topk, fused_adamw<staged_space>, simd_accumulator, host_copy,
+                                   bounded_async, staged_mpi>;
+
 // Params, masters and moments after a run, as bytes.
 template <class Opt>
 std::vector<unsigned char> state_of(Opt& opt, model& m) {
@@ -423,6 +435,50 @@ TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks aga
     model m;
     optimizer<> opt(cfg);
     CHECK(resume(opt, m, path, src, k, n) == reference_state(src, cfg, k, n, true));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("data parallel: a communicator on the space's device memory (staged collectives) gives the same bits") {
+  // The run, every inspection and a checkpoint set written and resumed through the staged path;
+  // against one process fed the reduced gradient, and the set resumed by a plain optimizer.
+  const gradient_source src;
+  const int k = 7, n = 12;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_staged.zfc");
+  std::vector<unsigned char> at_k;
+  {
+    model m;
+    staged_optimizer opt(cfg, staged_mpi(MPI_COMM_WORLD));
+    m.add_to(opt);
+    opt.initialize();
+    for (int s = 0; s < k; ++s) {
+      src.local_grads(m, s);
+      opt.step();
+    }
+    CHECK(synced_params(opt) == [&] {
+      model r;
+      optimizer<> ref(cfg);
+      r.add_to(ref);
+      ref.initialize();
+      for (int s = 0; s < k; ++s) {
+        src.reduced_grads(r, s, cfg.gradient_reduction);
+        ref.step();
+      }
+      return synced_params(ref);
+    }());
+    at_k = state_of(opt, m);
+    opt.save(path);
+  }
+  CHECK(at_k == reference_state(src, cfg, 0, k, false));
+  CHECK(same_everywhere(fnv(at_k)));
+  model m;
+  staged_optimizer opt(cfg, staged_mpi(MPI_COMM_WORLD));
+  CHECK(resume(opt, m, path, src, k, n) == reference_state(src, cfg, k, n, false));
+  if (my_rank() == 0) {
+    model p;
+    optimizer<> plain(cfg);
+    CHECK(resume(plain, p, path, src, k, n) == reference_state(src, cfg, k, n, true));
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -1,7 +1,8 @@
 // The Communicator policy: how the ranks of a data-parallel job agree on one gradient before a
 // step, and share what each rank's slice of the host state produced. single_process (the
 // default) is no communication at all; mpi_communicator (<zenflow/mpi.hpp>) works across MPI
-// ranks on the host space.
+// ranks on the host space, nccl_communicator (<zenflow/nccl.hpp>) across NCCL ranks on the
+// CUDA space.
 #pragma once
 
 #include <concepts>
@@ -19,7 +20,10 @@ namespace zenflow {
 // all_gather(data, bytes): rank r's block of bytes[r] bytes starts at bytes[0] + ... + bytes[r-1]
 // in data; afterwards every rank holds every rank's block there (a copy: no arithmetic).
 // all_agree(ok): true on every rank when every rank passed true.
-// Each is a collective: every rank calls it, in the same order.
+// Each is a collective: every rank calls it, in the same order. A multi-process communicator
+// names the memory space its data lives in (`using space = ...`): reduce and all_gather take
+// that space's device memory (host memory for the host space, GPU memory for the CUDA space),
+// and an optimizer over another space does not compile with it.
 template <class T>
 concept communicator_policy = requires(T& c, const T& cc, float* data, void* bytes, const std::size_t* counts) {
   { cc.rank() } -> std::convertible_to<int>;

@@ -25,11 +25,14 @@
 #include <vector>
 
 #include "communicator.hpp"
+#include "space/host_space.hpp"
 
 namespace zenflow {
 
 class mpi_communicator {
  public:
+  using space = host_space;  // reduce and all_gather take host memory
+
   // The ranks of `comm` (duplicated: a collective call on every rank of it).
   explicit mpi_communicator(MPI_Comm comm) {
     int initialized = 0;

@@ -90,8 +90,12 @@ template <class Space = host_space, selector_policy Selector = column_topk,
   requires gpu_updater_policy<GpuUpdater, Space>
 class optimizer {
   static constexpr bool data_parallel = !detail::single_process_v<Communicator>;
-  static_assert(!data_parallel || std::is_base_of_v<host_space, Space>,
-                "zenflow: a multi-process Communicator reduces gradients in host memory (the host space)");
+  static constexpr bool comm_on_space = [] {
+    if constexpr (data_parallel) return std::is_base_of_v<typename Communicator::space, Space>;
+    else return true;
+  }();
+  static_assert(comm_on_space, "zenflow: this Communicator works on another memory space than the optimizer's "
+                               "(mpi_communicator: host_space; nccl_communicator: cuda_space)");
 
  public:
   explicit optimizer(const config& cfg)
@@ -159,14 +163,14 @@ class optimizer {
       std::size_t n = 0;
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
-      reduce_buf_.assign(n, 0.0f);
+      reduce_buf_ = typename Space::template buffer<float>(n);
     }
     initialized_ = true;
   }
 
   // initialize() with the device work ordered on `stream` (a cudaStream_t on cuda_space).
   void initialize(typename Space::stream_type stream) {
-    space_.set_stream(stream);
+    use_stream(stream);
     initialize();
   }
 
@@ -174,7 +178,7 @@ class optimizer {
   // step() on `stream`: the optimizer's device work is ordered after what the trainer enqueued
   // there (its backward) and before what it enqueues next.
   step_info step(typename Space::stream_type stream, float grad_scale = 1.0f) {
-    space_.set_stream(stream);
+    use_stream(stream);
     return step(grad_scale);
   }
 
@@ -242,9 +246,14 @@ class optimizer {
     s.bytes_reduced = comm_.bytes_sent();
     s.bytes_gathered = gathered_;
     if (initialized_) {
-      s.host_pageable_bytes = host_.bytes_allocated() + 4 * reduce_buf_.capacity() + gather_buf_.capacity();
+      // (the reduction buffer and the gather space are the space's device memory: host memory
+      // on the host space)
+      const std::size_t comm_bytes = 4 * reduce_buf_.size() + gather_buf_.size();
+      const bool on_host = std::is_base_of_v<host_space, Space>;
+      s.host_pageable_bytes = host_.bytes_allocated() + (on_host ? comm_bytes : 0);
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
-      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size();
+      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size() +
+                       (on_host ? 0 : comm_bytes);
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
     }
     return s;
@@ -272,7 +281,7 @@ class optimizer {
     std::vector<std::uint32_t> out(matrices_[matrix].cols);  // (no host state: every column is selected)
     if (hs.on_host) {
       std::copy_n(hs.counts.data(), hs.cols, out.data() + col_begin(matrix, comm_.rank()));
-      gather_blocks(matrix, out.data(), 4);
+      gather_blocks_host(matrix, out.data(), 4);
     }
     const auto& d = updater_.matrix(matrix);
     const std::vector<std::uint32_t> dev = download<std::uint32_t>(d.counts[d.cur].data(), d.active);
@@ -311,10 +320,10 @@ class optimizer {
     };
     if constexpr (data_parallel) {
       const std::size_t cb = p.rows * es;
-      unsigned char* all = gather_space(un.size() * cb);
-      host_.stage_params(i, host_unselected(i), host_unselected_count(i), all + own_from_[i] * cb);
-      gather_list(i, un.data(), un.size(), all, cb, false);
-      place(all, 0, un.size());
+      std::vector<unsigned char> all(un.size() * cb);
+      host_.stage_params(i, host_unselected(i), host_unselected_count(i), all.data() + own_from_[i] * cb);
+      gather_list_host(i, un.data(), un.size(), all.data(), cb);
+      place(all.data(), 0, un.size());
     } else {
       const std::size_t chunk = host_.stage_columns(i);
       std::vector<unsigned char> staged(std::min(chunk, un.size()) * p.rows * es);
@@ -425,23 +434,34 @@ class optimizer {
 
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
 
+  // The device work, the communicator's collectives included, goes on `stream` from now on.
+  void use_stream(typename Space::stream_type stream) {
+    space_.set_stream(stream);
+    if constexpr (requires { comm_.set_stream(stream); }) comm_.set_stream(stream);
+  }
+
   // Data parallel: every grad buffer, widened to fp32 into one array, reduced across the ranks,
   // and written back rounded to its dtype (nearest even). A NaN or Inf on any rank makes the
-  // reduced element non-finite on every rank, so every rank skips the step.
+  // reduced element non-finite on every rank, so every rank skips the step. (On the host space
+  // by the host kernels, on a device space by its convert(): the same bits.)
   void reduce_gradients() {
+    float* buf = reduce_buf_.data();
+    auto convert = [&](const void* src, dtype st, void* dst, dtype dt, std::size_t n) {
+      if constexpr (std::is_base_of_v<host_space, Space>) host::convert(host_.arena(), {src, st, dst, dt}, n);
+      else space_.convert(src, st, dst, dt, n);
+    };
     auto each = [&](auto&& f) {  // every grad buffer and where it lies in reduce_buf_
       std::size_t off = 0;
       for (const auto& p : matrices_) f(const_cast<void*>(p.grad), p.grad_type, p.rows * p.cols, off);
       for (const auto& p : vectors_) f(const_cast<void*>(p.grad), p.grad_type, p.n, off);
     };
-    float* buf = reduce_buf_.data();
     each([&](void* g, dtype t, std::size_t n, std::size_t& off) {
-      host::convert(host_.arena(), {g, t, buf + off, dtype::f32}, n);
+      convert(g, t, buf + off, dtype::f32, n);
       off += n;
     });
     comm_.reduce(buf, reduce_buf_.size(), cfg_.gradient_reduction);
     each([&](void* g, dtype t, std::size_t n, std::size_t& off) {
-      host::convert(host_.arena(), {buf + off, dtype::f32, g, t}, n);
+      convert(buf + off, dtype::f32, g, t, n);
       off += n;
     });
   }
@@ -698,29 +718,69 @@ class optimizer {
   }
   // Data parallel: every rank's part of list[0, n) — sorted columns of matrix i; a rank's part is
   // the entries in its block — `per_col` bytes an entry, laid out entry after entry from base
-  // (rank r's part at its place in the list), gathered onto every rank. `count`: traffic of a
-  // step (stats().bytes_gathered), not of an inspection.
+  // (rank r's part at its place in the list), gathered onto every rank. base is the space's
+  // device memory, where the communicator works. `count`: traffic of a step
+  // (stats().bytes_gathered), not of an inspection.
   void gather_list(std::size_t i, const std::uint32_t* list, std::size_t n, void* base, std::size_t per_col,
                    bool count) {
     if constexpr (data_parallel) {
-      const int R = comm_.size();
-      counts_.resize(std::size_t(R));
-      std::size_t from = 0;
-      for (int r = 0; r < R; ++r) {
-        const std::size_t to = std::size_t(std::lower_bound(list, list + n, col_begin(i, r + 1)) - list);
-        counts_[std::size_t(r)] = (to - from) * per_col;
-        from = to;
-      }
+      list_counts(i, list, n, per_col);
       comm_.all_gather(base, counts_.data());
-      if (count) gathered_ += std::uint64_t(R - 1) * counts_[std::size_t(comm_.rank())];
+      if (count) gathered_ += std::uint64_t(comm_.size() - 1) * counts_[std::size_t(comm_.rank())];
     }
   }
-  // Every rank's block of matrix i's columns (all of its host state's columns), laid out from base.
-  void gather_blocks(std::size_t i, void* base, std::size_t per_col) {
-    gather_list(i, iota_.data(), matrices_[i].cols, base, per_col, false);
+  // The same into host memory (inspection and checkpoints).
+  void gather_list_host(std::size_t i, const std::uint32_t* list, std::size_t n, void* base, std::size_t per_col) {
+    if constexpr (data_parallel) {
+      list_counts(i, list, n, per_col);
+      all_gather_host(base, counts_.data());
+    }
   }
+  // Every rank's block of matrix i's columns (all of its host state's columns), laid out from
+  // base in host memory.
+  void gather_blocks_host(std::size_t i, void* base, std::size_t per_col) {
+    gather_list_host(i, iota_.data(), matrices_[i].cols, base, per_col);
+  }
+  // counts_[r]: the bytes of rank r's part of list[0, n).
+  void list_counts(std::size_t i, const std::uint32_t* list, std::size_t n, std::size_t per_col) {
+    const int R = comm_.size();
+    counts_.resize(std::size_t(R));
+    std::size_t from = 0;
+    for (int r = 0; r < R; ++r) {
+      const std::size_t to = std::size_t(std::lower_bound(list, list + n, col_begin(i, r + 1)) - list);
+      counts_[std::size_t(r)] = (to - from) * per_col;
+      from = to;
+    }
+  }
+  // Communicator::all_gather on host memory: in place when the communicator works on the host
+  // space, else through the gather space in the space's device memory (this rank's block up,
+  // every block down).
+  void all_gather_host(void* data, const std::size_t* bytes) {
+    if constexpr (data_parallel) {
+      if constexpr (std::is_same_v<typename Communicator::space, host_space>) {
+        comm_.all_gather(data, bytes);
+      } else {
+        const std::size_t rank = std::size_t(comm_.rank());
+        std::size_t total = 0, mine = 0;
+        for (std::size_t r = 0; r < std::size_t(comm_.size()); ++r) {
+          if (r == rank) mine = total;
+          total += bytes[r];
+        }
+        auto* at = static_cast<unsigned char*>(data);
+        unsigned char* all = gather_space(total);
+        space_.upload(all + mine, at + mine, bytes[rank]);
+        comm_.all_gather(all, bytes);
+        space_.download(at, all, total);
+      }
+    }
+  }
+  // At least `bytes` of the space's device memory for a collective (contents not kept).
   unsigned char* gather_space(std::size_t bytes) {
-    if (gather_buf_.size() < bytes) gather_buf_.resize(bytes);
+    if (gather_buf_.size() < bytes) {
+      if (gather_buf_.size()) space_.fence();  // the device may still read the old one
+      gather_buf_ = {};
+      gather_buf_ = typename Space::template buffer<unsigned char>(bytes);
+    }
     return gather_buf_.data();
   }
 
@@ -1110,7 +1170,7 @@ class optimizer {
     const std::size_t rows = p.rows, cols = p.cols;
     if (const auto& hs = host_.matrix(matrix); hs.on_host) {  // this rank's block, then the others'
       std::copy_n(host(hs), rows * hs.cols, out + col_begin(matrix, comm_.rank()) * rows);
-      gather_blocks(matrix, out, 4 * rows);
+      gather_blocks_host(matrix, out, 4 * rows);
     }
     auto& d = updater_.matrix(matrix);
     if (master && d.param_master) {  // the master, held by the fp32 param: its selected columns
@@ -1131,11 +1191,12 @@ class optimizer {
   Transport transport_{};
   Scheduler scheduler_{};
   [[no_unique_address]] Communicator comm_;
-  std::vector<float> reduce_buf_;  // data parallel: every gradient, as fp32, for the reduction
+  // data parallel: every gradient, as fp32, for the reduction (the space's device memory)
+  typename Space::template buffer<float> reduce_buf_;
   // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where
   // the blocks of params or joining state are gathered, and the bytes this rank sent there.
   std::vector<std::size_t> counts_;
-  std::vector<unsigned char> gather_buf_;
+  typename Space::template buffer<unsigned char> gather_buf_;
   std::uint64_t gathered_ = 0;
   // Data parallel: per matrix, the unselected columns in this rank's block, as indices into its
   // host state (column - col_begin), and where they start in unselected_.

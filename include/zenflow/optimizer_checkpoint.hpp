@@ -147,7 +147,7 @@ struct optimizer_checkpoint {
       }
     }
     counts[0] = sizeof gen;
-    comm.all_gather(gen, counts.data());
+    o.all_gather_host(gen, counts.data());
     const std::string dir = dir_of(path), base = base_of(path);
     const std::string mine = shard_path(dir, base, gen[0], rank, R);
     std::exception_ptr failed;
@@ -165,7 +165,7 @@ struct optimizer_checkpoint {
     };
     if (!comm.all_agree(!failed)) give_up("a shard");
     for (auto& c : counts) c = 8;
-    comm.all_gather(sizes.data(), counts.data());
+    o.all_gather_host(sizes.data(), counts.data());
     if (rank == 0) {
       try {
         const set_info info{gen[0], std::uint32_t(R), base, sizes};

@@ -136,6 +136,15 @@ __global__ void move_slots(std::uint32_t* dst, const std::uint32_t* dst_slot, co
   }
 }
 
+// dst[i] = src[i] converted through fp32 (widening exact, narrowing to nearest even: the
+// host's convert bits).
+template <class S, class D>
+__global__ void convert(const S* __restrict__ src, D* __restrict__ dst, std::size_t n) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<D>(to_float(src[i]));
+}
+
 }  // namespace cuda_kernels
 
 class cuda_space {
@@ -238,6 +247,31 @@ class cuda_space {
   void scatter_columns(const void* block, dtype t, void* dst, matrix_layout layout, std::size_t rows,
                        std::size_t cols, const std::uint32_t* list, std::size_t n) {
     columns<true>(block, t, dst, layout, rows, cols, list, n);
+  }
+  // n elements of type st at src to type dt at dst (device memory; fp32 on at least one side).
+  void convert(const void* src, dtype st, void* dst, dtype dt, std::size_t n) {
+    if (n == 0) return;
+    const unsigned b = cuda_kernels::blocks_for(n, cuda_kernels::threads);
+    const unsigned grid = b < 65536u ? b : 65535u;
+    auto run = [&](auto s, auto d) {
+      using S = decltype(s);
+      using D = decltype(d);
+      cuda_kernels::convert<S, D><<<grid, cuda_kernels::threads, 0, stream_>>>(static_cast<const S*>(src),
+                                                                               static_cast<D*>(dst), n);
+    };
+    auto to = [&](auto s) {
+      switch (dt) {
+        case dtype::f32: return run(s, float{});
+        case dtype::bf16: return run(s, bfloat16{});
+        case dtype::f16: return run(s, float16{});
+      }
+    };
+    switch (st) {
+      case dtype::f32: to(float{}); break;
+      case dtype::bf16: to(bfloat16{}); break;
+      case dtype::f16: to(float16{}); break;
+    }
+    ZF_CUDA_CHECK_LAUNCH("convert");
   }
   void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
                   std::size_t n, std::size_t width) {

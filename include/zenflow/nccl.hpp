@@ -1,0 +1,173 @@
+// nccl_communicator: data parallelism across NCCL ranks for the CUDA space, one GPU per rank.
+// Each rank's trainer writes its local gradients; step() reduces them on the device so every
+// rank applies the same gradient and keeps bit-identical optimizer state. The trainer keeps
+// owning its ncclComm_t (a blocking one, the default, created on the optimizer's device and
+// destroyed only after the optimizer).
+// Include from a .cu file (compiled by nvcc) and link zenflow::nccl.
+//
+// Every collective is enqueued on the optimizer's stream (the optimizer hands it over with
+// set_stream), so it is ordered with the optimizer's kernels and copies around it.
+//
+// The reduction is deterministic and gives the same bits as mpi_communicator's: each rank owns a
+// contiguous shard of the elements; the ranks' pieces of a shard go to its owner (grouped
+// ncclSend/ncclRecv), which sums them in rank order in fp32 ((x_0 + x_1) + x_2 ...; a kernel, the
+// same arithmetic as detail::reduce_in_rank_order), and the reduced shards are broadcast from
+// their owners in place (one ncclBroadcast per rank, grouped). No NCCL reduction operator touches
+// the gradients, so the bits do not depend on NCCL's choice of algorithm, protocol or channel
+// count. Each rank sends about 2 (R - 1) / R of the gradient's fp32 bytes per step. One rank
+// (R = 1) runs the same calls (to itself), so a single GPU exercises every path.
+#pragma once
+
+#if !defined(__CUDACC__)
+#  error "zenflow's NCCL communicator must be compiled by nvcc: include <zenflow/nccl.hpp> from a .cu file"
+#endif
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "communicator.hpp"
+#include "cuda/error.hpp"
+#include "cuda/memory.hpp"
+#include "space/cuda_space.hpp"
+
+namespace zenflow {
+
+namespace cuda_kernels {
+
+// out[i] = pieces[0][i] + pieces[1][i] + ... in rank order (pieces[r] at pieces + r * m), then
+// divided by `ranks` for the mean, rounded to nearest like the host's division (__fdiv_rn: the
+// same bits whatever -use_fast_math or -prec-div say).
+template <int = 0>
+__global__ void reduce_in_rank_order(const float* __restrict__ pieces, std::size_t m, int ranks, bool mean,
+                                     float* __restrict__ out) {
+  const float div = float(ranks);
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < m;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    float s = pieces[i];
+    for (int r = 1; r < ranks; ++r) s = __fadd_rn(s, pieces[std::size_t(r) * m + i]);
+    out[i] = mean ? __fdiv_rn(s, div) : s;
+  }
+}
+
+}  // namespace cuda_kernels
+
+class nccl_communicator {
+ public:
+  using space = cuda_space;  // reduce and all_gather take device memory
+
+  // The ranks of `comm` (not owned). Nothing is allocated or enqueued here.
+  explicit nccl_communicator(ncclComm_t comm) : comm_(comm) {
+    if (!comm) throw std::invalid_argument("zenflow: nccl_communicator needs an ncclComm_t, got a null one");
+    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check(ncclCommCount(comm_, &size_), "ncclCommCount");
+  }
+  nccl_communicator(nccl_communicator&& o) noexcept
+      : comm_(std::exchange(o.comm_, nullptr)), stream_(o.stream_), rank_(o.rank_), size_(o.size_), sent_(o.sent_),
+        pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)) {}
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(nccl_communicator&&) = delete;
+  ~nccl_communicator() = default;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  std::uint64_t bytes_sent() const noexcept { return sent_; }
+  // The stream the collectives run on (the optimizer passes its own).
+  void set_stream(cudaStream_t s) noexcept { stream_ = s; }
+  cudaStream_t stream() const noexcept { return stream_; }
+
+  // See communicator_policy; data is device memory. Collective: every rank calls it with the
+  // same n. Enqueued on the stream; returns without waiting.
+  void reduce(float* data, std::size_t n, reduce_op op) {
+    if (n == 0) return;
+    const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
+    std::vector<std::size_t> at(R + 1);
+    for (std::size_t r = 0; r <= R; ++r) at[r] = detail::shard_begin(n, size_, int(r));
+    const std::size_t m = at[me + 1] - at[me];
+    float* pieces = pieces_for(m * R);
+    // every rank's piece of each shard to the shard's owner (mine to me too)
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t r = 0; r < R; ++r) {
+      if (at[r + 1] > at[r])
+        check(ncclSend(data + at[r], at[r + 1] - at[r], ncclFloat32, int(r), comm_, stream_), "ncclSend");
+      if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    if (m) {
+      const unsigned b = cuda_kernels::blocks_for(m, cuda_kernels::threads);
+      cuda_kernels::reduce_in_rank_order<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(
+          pieces, m, size_, op == reduce_op::mean, data + at[me]);
+      ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
+    }
+    broadcast_blocks(data, at.data(), ncclFloat32);
+    sent_ += ((n - m) + m * (R - 1)) * sizeof(float);  // the others' pieces, then my shard to each
+  }
+
+  // See communicator_policy; data is device memory, in place. Enqueued on the stream.
+  void all_gather(void* data, const std::size_t* bytes) {
+    const std::size_t R = std::size_t(size_);
+    std::vector<std::size_t> at(R + 1, 0);
+    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + bytes[r];
+    broadcast_blocks(static_cast<unsigned char*>(data), at.data(), ncclUint8);
+  }
+
+  // See communicator_policy. Waits for the stream.
+  bool all_agree(bool ok) {
+    if (!flag_.size()) flag_ = device_array<int>(1);
+    const int mine = ok ? 1 : 0;
+    int all = 0;
+    ZF_CUDA_TRY(cudaMemcpyAsync(flag_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
+    check(ncclAllReduce(flag_.data(), flag_.data(), 1, ncclInt32, ncclMin, comm_, stream_), "ncclAllReduce");
+    ZF_CUDA_TRY(cudaMemcpyAsync(&all, flag_.data(), sizeof all, cudaMemcpyDeviceToHost, stream_));
+    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return all != 0;
+  }
+
+ private:
+  // Rank r's block [at[r], at[r + 1]) (elements of `type`) of data broadcast from r, in place.
+  template <class T>
+  void broadcast_blocks(T* data, const std::size_t* at, ncclDataType_t type) {
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t len = at[r + 1] - at[r];
+      if (len) check(ncclBroadcast(data + at[r], data + at[r], len, type, r, comm_, stream_), "ncclBroadcast");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+  float* pieces_for(std::size_t n) {
+    if (pieces_.size() < n) {
+      if (pieces_.size()) ZF_CUDA_TRY(cudaStreamSynchronize(stream_));  // the last reduction may still read it
+      pieces_ = {};
+      pieces_ = device_array<float>(n);
+    }
+    return pieces_.data();
+  }
+
+  void check(ncclResult_t rc, const char* what) const {
+    if (rc == ncclSuccess) return;
+    std::string msg = std::string("zenflow: ") + what + " failed: " + ncclGetErrorString(rc);
+    if (comm_) {
+      if (const char* last = ncclGetLastError(comm_); last && *last) msg += std::string(" (") + last + ")";
+    }
+    throw std::runtime_error(msg);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  std::uint64_t sent_ = 0;
+  device_array<float> pieces_;  // the ranks' pieces of my shard
+  device_array<int> flag_;      // all_agree's vote
+};
+
+static_assert(communicator_policy<nccl_communicator>);
+
+}  // namespace zenflow
