@@ -29,48 +29,13 @@
 
 #include "emulated_device.hpp"
 #include "pipeline_common.hpp"
+#include "pipeline_run.hpp"
 
 using namespace zf_bench;
 using zenflow::bfloat16;
 using zenflow::dtype;
 
 namespace {
-
-// Runs `warm` steps, then measures `steps` steps: each is forward/backward (the device busy for
-// compute_s) followed by opt.step(). Device idle = step time - compute - modelled device work.
-template <class Opt>
-result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps) {
-  std::vector<std::unique_ptr<bfloat16[]>> storage;
-  Opt opt(cfg);
-  shape.register_with(opt, [&](std::size_t n, float v) {
-    storage.emplace_back(new bfloat16[n]);
-    for (std::size_t i = 0; i < n; ++i) storage.back()[i] = bfloat16(v);
-    return static_cast<void*>(storage.back().get());
-  });
-  opt.initialize();
-  auto one = [&] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(compute_s));
-    opt.step();
-  };
-  for (int s = 0; s < warm; ++s) one();
-  const auto st0 = opt.stats();
-  const auto dev0 = device_model::device_ns.load();
-  const std::uint64_t l0[2] = {device_model::link_ns[0].load(), device_model::link_ns[1].load()};
-  const auto t0 = clock_type::now();
-  for (int s = 0; s < steps; ++s) one();
-  const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
-  const auto st = opt.stats();
-  result r;
-  r.step_s = wall / steps;
-  r.device_work_s = double(device_model::device_ns.load() - dev0) * 1e-9 / steps;
-  r.stall_s = std::max(0.0, r.step_s - compute_s - r.device_work_s);
-  r.host_update_s = (st.host_update_seconds - st0.host_update_seconds) / steps;
-  r.d2h_bytes = double(st.bytes_to_host - st0.bytes_to_host) / steps;
-  r.h2d_bytes = double(st.bytes_to_device - st0.bytes_to_device) / steps;
-  for (int d = 0; d < 2; ++d) r.link_model_s[d] = double(device_model::link_ns[d].load() - l0[d]) * 1e-9 / steps;
-  opt.synchronize();
-  return r;
-}
 
 using zenflow_opt = zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater,
                                        zenflow::simd_accumulator, emulated_link, zenflow::bounded_async>;

@@ -59,6 +59,7 @@ struct result {
   double step_s = 0, stall_s = 0, host_update_s = 0, device_work_s = 0;
   double d2h_bytes = 0, h2d_bytes = 0;
   double link_model_s[2] = {0, 0};
+  double reduce_s = 0;  // data parallel: the gradient reduction, per step
 };
 
 inline zenflow::config zero_offload_config(unsigned threads) {

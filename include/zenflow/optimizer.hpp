@@ -65,6 +65,10 @@ struct optimizer_stats {
   // host updates changed, the state of columns joining the selection).
   std::uint64_t bytes_reduced = 0;
   std::uint64_t bytes_gathered = 0;
+  // Data parallel: seconds step() spent reducing gradients on the calling thread (widening, the
+  // collective, rounding back; on the CUDA space the enqueueing, the device runs it in order),
+  // since this optimizer was made (not carried by checkpoints).
+  double reduce_seconds = 0;
 };
 
 struct step_info {
@@ -198,7 +202,11 @@ class optimizer {
     if (!std::isfinite(float(1.0 / double(grad_scale))))
       fail("grad_scale " + detail::exact(grad_scale) + " is too small: 1 / grad_scale overflows fp32");
     enter();
-    if constexpr (data_parallel) reduce_gradients();  // changes no optimizer state
+    if constexpr (data_parallel) {  // changes no optimizer state
+      const auto t0 = std::chrono::steady_clock::now();
+      reduce_gradients();
+      reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
     return guarded([&] { return step_checked(grad_scale); });
   }
   // Finishes any host update in flight and makes its result visible in the params.
@@ -245,6 +253,7 @@ class optimizer {
     s.host_bookkeeping_bytes = bookkeeping_bytes();
     s.bytes_reduced = comm_.bytes_sent();
     s.bytes_gathered = gathered_;
+    s.reduce_seconds = double(reduce_ns_) * 1e-9;
     if (initialized_) {
       // (the reduction buffer and the gather space are the space's device memory: host memory
       // on the host space)
@@ -1226,6 +1235,7 @@ class optimizer {
   std::uint64_t owed_to_host_ = 0;  // the transport's to-host count once the offload in flight is done
   double base_stall_ = 0;
   std::atomic<std::uint64_t> host_ns_{0};
+  std::uint64_t reduce_ns_ = 0;  // data parallel: time in reduce_gradients()
   std::vector<double> auto_a_, auto_b_;
 };
 

@@ -1,0 +1,119 @@
+// The emulated pipeline (bench/pipeline: host space, an emulated device per process) at R ranks:
+// ZenFlow and ZeRO-Offload, each data parallel over MPI with sharded host state, side by side in
+// one run, at a forward/backward time fixed for every R. Run under mpirun with R ranks; each
+// rank's "device" is its own (a sleep for compute, a link model for copies) and its host work is
+// the real code on this machine's cores, so the ranks share the cores: on a box with fewer
+// cores than R x threads the figures include that contention (say so when quoting them).
+//
+//   mpirun -np R data_parallel_pipeline [--layers N] [--hidden D] [--ffn F] [--steps M]
+//                                       [--threads T] [--compute-frac X] [--calib-s S]
+//
+// Compute time: X (default 0.5) times ZeRO-Offload's host update of the whole model in ONE
+// process with T threads — measured first by rank 0 alone (or given as --calib-s, so that runs
+// at different R share it exactly). That is the paper's regime at R = 1; as R grows each rank's
+// host update shrinks to about 1/R while the forward/backward stays, which is the question: how
+// much of the stall is left. Rank 0 prints one JSON line with every rank's step and stall.
+#include <mpi.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zenflow/mpi.hpp>
+#include <zenflow/zenflow.hpp>
+
+#include "emulated_device.hpp"
+#include "pipeline_common.hpp"
+#include "pipeline_run.hpp"
+
+using namespace zf_bench;
+
+namespace {
+
+using zenflow_dp = zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater, zenflow::simd_accumulator,
+                                      emulated_link, zenflow::bounded_async, zenflow::mpi_communicator>;
+using zero_offload_dp = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
+                                           zenflow::simd_accumulator, emulated_link, zenflow::synchronous,
+                                           zenflow::mpi_communicator>;
+using zero_offload_one = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
+                                            zenflow::simd_accumulator, emulated_link, zenflow::synchronous>;
+
+// every rank's value of x, on rank 0
+std::vector<double> gather(double x, int R) {
+  std::vector<double> all(static_cast<std::size_t>(R));
+  MPI_Gather(&x, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return all;
+}
+
+void print_array(const char* name, const std::vector<double>& v) {
+  std::printf(",\"%s\":[", name);
+  for (std::size_t i = 0; i < v.size(); ++i) std::printf("%s%.6g", i ? "," : "", v[i]);
+  std::printf("]");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // (see bench/pipeline)
+  int rank = 0, R = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &R);
+  const std::size_t layers = std::stoul(arg(argc, argv, "--layers", "2"));
+  const std::size_t hidden = std::stoul(arg(argc, argv, "--hidden", "1024"));
+  const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", "2752"));
+  const int steps = std::stoi(arg(argc, argv, "--steps", "32"));
+  const unsigned threads = unsigned(std::stoul(arg(argc, argv, "--threads", "1")));
+  const double frac = std::stod(arg(argc, argv, "--compute-frac", "0.5"));
+  double t_host = std::stod(arg(argc, argv, "--calib-s", "0"));
+  const model shape(layers, hidden, ffn);
+  device_model::link_gbps = 25.0;
+
+  // Calibration: one process's ZeRO-Offload host update (rank 0 alone; the others wait).
+  if (t_host <= 0) {
+    if (rank == 0) t_host = run<zero_offload_one>(shape, zero_offload_config(threads), 0.0, 2, 4).host_update_s;
+    MPI_Bcast(&t_host, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  }
+  const double compute = frac * t_host;
+  const point p{0.1, 4, frac, 25.0, threads, "ranks"};
+
+  MPI_Barrier(MPI_COMM_WORLD);
+  const result zo = run<zero_offload_dp>(shape, zero_offload_config(threads), compute, 2, std::max(4, steps / 4),
+                                         zenflow::mpi_communicator(MPI_COMM_WORLD));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const result zf = run<zenflow_dp>(shape, zenflow_config(p, steps), compute, 16, steps,
+                                    zenflow::mpi_communicator(MPI_COMM_WORLD));
+
+  const auto zf_step = gather(zf.step_s, R), zf_stall = gather(zf.stall_s, R), zf_host = gather(zf.host_update_s, R);
+  const auto zf_bytes = gather(zf.d2h_bytes + zf.h2d_bytes, R), zf_reduce = gather(zf.reduce_s, R);
+  const auto zo_step = gather(zo.step_s, R), zo_stall = gather(zo.stall_s, R), zo_host = gather(zo.host_update_s, R);
+  const auto zo_bytes = gather(zo.d2h_bytes + zo.h2d_bytes, R), zo_reduce = gather(zo.reduce_s, R);
+  if (rank == 0) {
+    const double model_bytes = double(shape.params) * 2;
+    auto slowest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    std::printf("{\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
+                "model), a device per rank\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
+                "\"model_bytes\":%.0f,\"topk_ratio\":0.1,\"update_interval\":4,\"link_gbps\":25,"
+                "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g",
+                R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
+                compute, frac);
+    print_array("zenflow_step_s", zf_step);
+    print_array("zenflow_stall_s", zf_stall);
+    print_array("zenflow_host_update_s", zf_host);
+    print_array("zenflow_link_bytes", zf_bytes);
+    print_array("zenflow_reduce_s", zf_reduce);
+    print_array("zero_offload_step_s", zo_step);
+    print_array("zero_offload_stall_s", zo_stall);
+    print_array("zero_offload_host_update_s", zo_host);
+    print_array("zero_offload_link_bytes", zo_bytes);
+    print_array("zero_offload_reduce_s", zo_reduce);
+    // a data-parallel step ends when its slowest rank's does
+    std::printf(",\"speedup\":%.3f,\"stall_reduction\":%.4f}\n", slowest(zo_step) / slowest(zf_step),
+                1.0 - slowest(zf_stall) / slowest(zo_stall));
+  }
+  MPI_Finalize();
+  return 0;
+}
