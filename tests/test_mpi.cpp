@@ -514,8 +514,15 @@ TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
 }
 
 // A fresh set at `path`: the previous manifest is removed first, so the generation is 1.
+// Saves a set at path with no earlier set or shard of its name around (generation 1).
 void save_fresh(dp_optimizer& opt, const std::string& path) {
-  if (my_rank() == 0) std::remove(path.c_str());
+  if (my_rank() == 0) {
+    std::remove(path.c_str());
+    const std::filesystem::path p(path);
+    const std::string prefix = p.filename().string() + ".g";
+    for (const auto& e : std::filesystem::directory_iterator(p.parent_path()))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path());
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   opt.save(path);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -531,6 +538,38 @@ void damage(const std::string& in_path, const std::string& out) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   bytes[bytes.size() / 2] ^= 0x10;
   std::ofstream(out, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("data parallel: a save over a manifest that cannot be read leaves that set's shards alone") {
+  // The manifest of set 1 is unreadable; the next save cannot learn the set's generation from it,
+  // and must still not reuse it: the shards of the directory decide (generation 2). Set 1's
+  // shards keep their bytes; the new set loads.
+  const gradient_source src;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_unreadable.zfc");
+  trained t(src, cfg, 5);
+  save_fresh(t.opt, path);
+  const std::vector<char> old_shard = file_bytes(shard_name(path, 1, my_rank()));
+  REQUIRE(!old_shard.empty());
+  if (my_rank() == 0) std::ofstream(path, std::ios::binary | std::ios::trunc).write("not a manifest", 14);
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int s = 5; s < 7; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  t.opt.save(path);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(exists(shard_name(path, 2, my_rank())));
+  CHECK(file_bytes(shard_name(path, 1, my_rank())) == old_shard);
+  const auto saved = state_of(t.opt, t.m);
+  trained u(src, cfg, 2);
+  u.opt.load(path);
+  CHECK(state_of(u.opt, u.m) == saved);
 }
 
 TEST_CASE("data parallel: a load that fails on one rank changes nothing on any rank") {

@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -101,6 +103,25 @@ struct optimizer_checkpoint {
     r.done();
     return s;
   }
+  // The highest generation N among the regular files dir/base.gN.rank* (0 if none, or if the
+  // directory cannot be listed).
+  static std::uint64_t highest_generation(const std::string& dir, const std::string& base) {
+    std::uint64_t high = 0;
+    std::error_code ec;
+    const std::string prefix = base + ".g";
+    for (std::filesystem::directory_iterator it(dir.empty() ? std::string(".") : dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+      std::size_t k = prefix.size();
+      std::uint64_t g = 0;
+      bool digits = false;
+      for (; k < name.size() && name[k] >= '0' && name[k] <= '9' && g < (std::uint64_t(1) << 59); ++k, digits = true)
+        g = g * 10 + std::uint64_t(name[k] - '0');
+      if (digits && name.compare(k, 5, ".rank") == 0 && it->is_regular_file(ec)) high = std::max(high, g);
+    }
+    return high;
+  }
   // The set a manifest at `path` names, if `path` is a readable manifest (else nothing).
   static std::optional<set_info> set_at(const std::string& path) {
     try {
@@ -137,11 +158,14 @@ struct optimizer_checkpoint {
     auto& comm = o.comm_;
     const int R = comm.size(), rank = comm.rank();
     std::vector<std::size_t> counts(std::size_t(R), 0);
-    // rank 0 tells every rank the new generation and the previous set's (generation, R)
+    // rank 0 tells every rank the new generation and the previous set's (generation, R); the new
+    // generation is above every shard file of this base in the directory too, so that a set whose
+    // manifest cannot be read (damaged, or an I/O error) never has its shards overwritten
     std::uint64_t gen[3] = {1, 0, 0};
     if (rank == 0) {
+      gen[0] = highest_generation(dir_of(path), base_of(path)) + 1;
       if (const auto old = set_at(path)) {
-        gen[0] = old->generation + 1;
+        gen[0] = std::max(gen[0], old->generation + 1);
         gen[1] = old->generation;
         gen[2] = old->ranks;
       }
