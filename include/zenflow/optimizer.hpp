@@ -167,7 +167,7 @@ class optimizer {
       std::size_t n = 0;
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
-      reduce_buf_ = typename Space::template buffer<float>(n);
+      reduce_buf_ = typename Space::template buffer<float>(std::min(n, reduce_round()));
     }
     initialized_ = true;
   }
@@ -449,30 +449,65 @@ class optimizer {
     if constexpr (requires { comm_.set_stream(stream); }) comm_.set_stream(stream);
   }
 
-  // Data parallel: every grad buffer, widened to fp32 into one array, reduced across the ranks,
-  // and written back rounded to its dtype (nearest even). A NaN or Inf on any rank makes the
-  // reduced element non-finite on every rank, so every rank skips the step. (On the host space
-  // by the host kernels, on a device space by its convert(): the same bits.)
+  // Data parallel: the grad buffers, taken as one sequence of elements in registration order,
+  // reduced across the ranks a round at a time: at most reduce_round() elements widened to fp32
+  // into reduce_buf_, reduced, and written back rounded to their dtype (nearest even). The
+  // reduction is element by element, so the rounds do not change a bit; they bound the buffer.
+  // A NaN or Inf on any rank makes the reduced element non-finite on every rank, so every rank
+  // skips the step. (On the host space by the host kernels, on a device space by its
+  // convert(): the same bits.)
   void reduce_gradients() {
     float* buf = reduce_buf_.data();
+    const std::size_t round = reduce_buf_.size();
     auto convert = [&](const void* src, dtype st, void* dst, dtype dt, std::size_t n) {
       if constexpr (std::is_base_of_v<host_space, Space>) host::convert(host_.arena(), {src, st, dst, dt}, n);
       else space_.convert(src, st, dst, dt, n);
     };
-    auto each = [&](auto&& f) {  // every grad buffer and where it lies in reduce_buf_
-      std::size_t off = 0;
-      for (const auto& p : matrices_) f(const_cast<void*>(p.grad), p.grad_type, p.rows * p.cols, off);
-      for (const auto& p : vectors_) f(const_cast<void*>(p.grad), p.grad_type, p.n, off);
+    std::size_t fill = 0;  // elements of this round in buf
+    std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (tensor, first element), len below
+    std::vector<std::size_t> lens;
+    auto grad = [&](std::size_t t) -> std::pair<unsigned char*, dtype> {
+      if (t < matrices_.size()) return {static_cast<unsigned char*>(const_cast<void*>(matrices_[t].grad)), matrices_[t].grad_type};
+      const auto& v = vectors_[t - matrices_.size()];
+      return {static_cast<unsigned char*>(const_cast<void*>(v.grad)), v.grad_type};
     };
-    each([&](void* g, dtype t, std::size_t n, std::size_t& off) {
-      convert(g, t, buf + off, dtype::f32, n);
-      off += n;
-    });
-    comm_.reduce(buf, reduce_buf_.size(), cfg_.gradient_reduction);
-    each([&](void* g, dtype t, std::size_t n, std::size_t& off) {
-      convert(buf + off, dtype::f32, g, t, n);
-      off += n;
-    });
+    auto flush = [&] {
+      if (!fill) return;
+      comm_.reduce(buf, fill, cfg_.gradient_reduction);
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        const auto [g, t] = grad(pieces[k].first);
+        convert(buf + at, dtype::f32, g + pieces[k].second * size_of(t), t, lens[k]);
+        at += lens[k];
+      }
+      fill = 0;
+      pieces.clear();
+      lens.clear();
+    };
+    const std::size_t tensors = matrices_.size() + vectors_.size();
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const std::size_t n = t < matrices_.size() ? matrices_[t].rows * matrices_[t].cols : vectors_[t - matrices_.size()].n;
+      for (std::size_t e = 0; e < n;) {
+        const std::size_t len = std::min(n - e, round - fill);
+        const auto [g, ty] = grad(t);
+        convert(g + e * size_of(ty), ty, buf + fill, dtype::f32, len);
+        pieces.emplace_back(t, e);
+        lens.push_back(len);
+        fill += len;
+        e += len;
+        if (fill == round) flush();
+      }
+    }
+    flush();
+  }
+  // Elements a reduction round holds at most: the communicator's choice (reduce_round), else
+  // 2^24 (a 64 MiB fp32 buffer, whatever the model's size).
+  static constexpr std::size_t reduce_round() {
+    if constexpr (requires { Communicator::reduce_round; }) {
+      static_assert(Communicator::reduce_round > 0, "zenflow: a Communicator's reduce_round must be positive");
+      return std::size_t(Communicator::reduce_round);
+    }
+    else return std::size_t(1) << 24;
   }
 
   // The largest ||g|| (unscaled, clipped) a step applies: every |g_i| <= ||g|| <= 2^63, so g_i^2 <=
