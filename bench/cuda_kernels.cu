@@ -261,7 +261,9 @@ int main(int argc, char** argv) try {
   // the same bytes between device memory and one page-locked buffer (the link's own speed):
   //  - d2h: stream_to_host (the offload lane: pieces into the two pinned lane buffers, each
   //    handed to a consumer that does nothing, so only the transport is timed);
-  //  - h2d: to_device from pageable memory (each piece copied into a pinned buffer, then DMA).
+  //  - h2d: to_device from pageable memory (each piece copied into a pinned buffer, then DMA);
+  //    and the boundary upload's rounding of fp32 masters to bf16, through a pageable stage and
+  //    to_device, or straight into the pinned buffer with fill_to_device.
   // Piece sizes: the optimizer's (columns of the largest matrix that fit its staging, ~2 MB at
   // this shape) and 32 MB.
   {
@@ -292,12 +294,38 @@ int main(int argc, char** argv) try {
       cuda_space::event none;
       const double d2h = wall([&] { tr.stream_to_host(none, d.data(), bytes, piece, [](const void*, std::size_t, std::size_t) {}); });
       const double h2d = wall([&] { tr.to_device(d.data(), pageable.data(), bytes); });
-      for (auto [dir, t, plain] : {std::tuple{"d2h", d2h, plain_d2h}, std::tuple{"h2d", h2d, plain_h2d}})
+      // The boundary upload's way (bf16 params rounded from an fp32 master, one thread): rounded
+      // into a pageable stage then copied to pinned memory by to_device, as before fill_to_device;
+      // and rounded straight into the pinned buffer by fill_to_device, as the optimizer does now.
+      const std::size_t elems = bytes / 2;
+      std::vector<float> master(elems, 0.5f);
+      std::vector<unsigned char> stage(piece);
+      const host::kernel_table& kt = host::kernels(host::best_isa());
+      auto round_into = [&](void* out, std::size_t e0, std::size_t m) {
+        kt.convert(host::convert_job{master.data() + e0, dtype::f32, out, dtype::bf16}, 0, m);
+      };
+      const double staged = wall([&] {
+        for (std::size_t off = 0; off < bytes; off += piece) {
+          const std::size_t len = std::min(piece, bytes - off);
+          round_into(stage.data(), off / 2, len / 2);
+          tr.to_device(d.data() + off, stage.data(), len);
+        }
+      });
+      const double filled = wall([&] {
+        for (std::size_t off = 0; off < bytes; off += piece) {
+          const std::size_t len = std::min(piece, bytes - off);
+          tr.fill_to_device(d.data() + off, len, [&](void* pin) { round_into(pin, off / 2, len / 2); });
+        }
+      });
+      for (auto [dir, path, t, plain] :
+           {std::tuple{"d2h", "stream_to_host", d2h, plain_d2h}, std::tuple{"h2d", "to_device_pageable", h2d, plain_h2d},
+            std::tuple{"h2d", "round_stage_to_device", staged, plain_h2d},
+            std::tuple{"h2d", "round_fill_to_device", filled, plain_h2d}})
         std::printf("{\"kernel\":\"transport\",\"direction\":\"%s\",\"path\":\"%s\",\"piece_bytes\":%zu,"
                     "\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,\"plain_gbps\":%.4g,\"ratio\":%.4f,"
                     "\"goal_ratio\":0.9,\"gpu\":\"%s\",\"reps\":%d}\n",
-                    dir, std::string(dir) == "d2h" ? "stream_to_host" : "to_device_pageable", piece, bytes, t,
-                    double(bytes) / t / 1e9, double(bytes) / plain / 1e9, plain / t, prop.name, reps);
+                    dir, path, piece, bytes, t, double(bytes) / t / 1e9, double(bytes) / plain / 1e9, plain / t,
+                    prop.name, reps);
       std::fflush(stdout);
     }
   }

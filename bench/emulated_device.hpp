@@ -112,11 +112,24 @@ class emulated_link {
     inner_.to_device(dst, src, bytes);
     occupy(1, t0, double(bytes));
   }
+  template <class Fill>
+  void fill_to_device(void* dst, std::size_t bytes, Fill&& fill) {
+    const auto t0 = clock_type::now();
+    inner_.fill_to_device(dst, bytes, fill);
+    occupy(1, t0, double(bytes));
+  }
   template <class Event, class Consume>
   void stream_to_host(const Event& ready, const void* src, std::size_t bytes, std::size_t chunk, Consume&& consume) {
     inner_.stream_to_host(ready, src, bytes, chunk, [&](const void* piece, std::size_t off, std::size_t len) {
       occupy(0, clock_type::now(), double(len));
       consume(piece, off, len);
+    });
+  }
+  template <class Event, class Consume>
+  void stream_blocks_to_host(const Event& ready, const zenflow::offload_block* blocks, std::size_t n, Consume&& consume) {
+    inner_.stream_blocks_to_host(ready, blocks, n, [&](std::size_t b, const void* piece, std::size_t off, std::size_t len) {
+      occupy(0, clock_type::now(), double(len));
+      consume(b, piece, off, len);
     });
   }
   std::uint64_t bytes_to_host() const noexcept { return inner_.bytes_to_host(); }

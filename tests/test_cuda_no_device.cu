@@ -20,6 +20,8 @@ using namespace zenflow;
 // false detection would silently skip the transport's reserve() or the device top-k.
 static_assert(reservable_transport<cuda_pinned, cuda_space>);
 static_assert(pinned_transport<cuda_pinned>);
+static_assert(filling_transport<cuda_pinned> && filling_transport<host_copy>);
+static_assert(block_streaming_transport<cuda_pinned, cuda_space> && block_streaming_transport<host_copy, host_space>);
 static_assert(device_topk_updater<fused_adamw<cuda_space>, cuda_space>);
 static_assert(std::is_same_v<default_transport_t<cuda_space>, cuda_pinned>);
 static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);

@@ -19,6 +19,10 @@
 using namespace zenflow;
 using namespace zf_test;
 
+// the optional transport paths the optimizer detects are detected for the host transport (the
+// CUDA build checks cuda_pinned the same way in test_cuda_no_device)
+static_assert(filling_transport<host_copy> && block_streaming_transport<host_copy, host_space>);
+
 TEST_CASE("zenflow on the host space matches the reference model, step by step") {
   const std::uint64_t seeds = full_or_quick<std::uint64_t>(400, 40);
   for (std::uint64_t seed = 1; seed <= seeds; ++seed) {

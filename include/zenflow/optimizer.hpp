@@ -654,7 +654,19 @@ class optimizer {
     // a swap plan's four slot lists (at most 2k entries: leaving + staying <= k, staying +
     // joining <= k) and the leaving columns' indices (<= k, for a param that is its master)
     slots_dev_ = typename Space::template buffer<std::uint32_t>(4 * max_k);
-    if constexpr (reservable_transport<Transport, Space>) transport_.reserve(space_, stage);
+    // The offload lane's pieces: whole columns, up to 32 MiB (fewer, larger copies than the
+    // stage's; a piece holds at least one column, which a stage holds too), no more than the
+    // largest block a matrix can offload.
+    {
+      std::size_t block = 0;
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const matrix_param& p = matrices_[i];
+        block = std::max(block, std::min(p.cols - updater_.matrix(i).k, host_.matrix(i).cols) * p.rows * size_of(p.grad_type));
+      }
+      lane_piece_ = std::max(stage, std::min(max_lane_piece, block));
+    }
+    if constexpr (requires { transport_.reserve(space_, stage, lane_piece_); }) transport_.reserve(space_, stage, lane_piece_);
+    else if constexpr (reservable_transport<Transport, Space>) transport_.reserve(space_, stage);
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       if (resident(i)) place_resident(i);
       else load_master(i);
@@ -945,17 +957,28 @@ class optimizer {
     // saves wait for it first), so the transport's count will reach exactly this.
     owed_to_host_ = transport_.bytes_to_host() + job_bytes;
     const int which = active_acc_;
+    // each matrix's block in pieces of whole columns, up to the lane piece
+    offload_blocks_.resize(matrices_.size());
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const std::size_t col_bytes = matrices_[i].rows * size_of(matrices_[i].grad_type);
+      offload_blocks_[i] = {grad_compact_.data() + compact_offset_[i], host_unselected_count(i) * col_bytes,
+                            std::max<std::size_t>(1, lane_piece_ / col_bytes) * col_bytes};
+    }
     scheduler_.launch_offload([this, which, factor] {
-      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      auto consume = [&](std::size_t i, const void* piece, std::size_t off, std::size_t len) {
         const matrix_param& p = matrices_[i];
-        const std::uint32_t* un = host_unselected(i);
         const std::size_t col_bytes = p.rows * size_of(p.grad_type);
-        transport_.stream_to_host(compacted_, grad_compact_.data() + compact_offset_[i],
-                                  host_unselected_count(i) * col_bytes, host_.stage_columns(i) * col_bytes,
-                                  [&](const void* piece, std::size_t off, std::size_t len) {
-                                    host_.accumulate_from(piece, i, which, p.grad_type, un + off / col_bytes,
-                                                          len / col_bytes, factor);
-                                  });
+        host_.accumulate_from(piece, i, which, p.grad_type, host_unselected(i) + off / col_bytes, len / col_bytes,
+                              factor);
+      };
+      if constexpr (block_streaming_transport<Transport, Space>) {
+        transport_.stream_blocks_to_host(compacted_, offload_blocks_.data(), offload_blocks_.size(), consume);
+      } else {
+        for (std::size_t i = 0; i < offload_blocks_.size(); ++i) {
+          const offload_block& b = offload_blocks_[i];
+          transport_.stream_to_host(compacted_, b.src, b.bytes, b.piece,
+                                    [&](const void* piece, std::size_t off, std::size_t len) { consume(i, piece, off, len); });
+        }
       }
     });
   }
@@ -968,6 +991,18 @@ class optimizer {
     });
   }
 
+  // The params of host-state columns list[0, m) of matrix i (at most a stage of them), rounded
+  // from the master, to `dst` on the device: staged straight in the transport's buffer where it
+  // has one to fill (pinned memory on a GPU: one host copy fewer), else through the host stage.
+  void stage_up(std::size_t i, const std::uint32_t* list, std::size_t m, void* dst) {
+    const std::size_t bytes = m * matrices_[i].rows * size_of(matrices_[i].param_type);
+    if constexpr (filling_transport<Transport>) {
+      transport_.fill_to_device(dst, bytes, [&](void* staging) { host_.stage_params(i, list, m, staging); });
+    } else {
+      host_.stage_params(i, list, m, host_.stage());
+      transport_.to_device(dst, host_.stage(), bytes);
+    }
+  }
   // The host's params of columns list[0..n) of matrix i into the device params: rounded from the
   // master into the staging area, one transfer per chunk, scattered on the device.
   void upload(std::size_t i, const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n) {
@@ -975,8 +1010,7 @@ class optimizer {
     const std::size_t chunk = host_.stage_columns(i), cb = p.rows * size_of(p.param_type);
     for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
       const std::size_t m = std::min(chunk, n - c0);
-      host_.stage_params(i, list + c0, m, host_.stage());
-      transport_.to_device(dev_stage_.data(), host_.stage(), m * cb);
+      stage_up(i, list + c0, m, dev_stage_.data());
       space_.scatter_columns(dev_stage_.data(), p.param_type, p.param, p.layout, p.rows, p.cols, list_dev + c0, m);
     }
   }
@@ -996,8 +1030,7 @@ class optimizer {
       unsigned char* all = gather_space(n * cb) + std::size_t(own_dev - list_dev) * cb;
       for (std::size_t c0 = 0; c0 < n_own; c0 += chunk) {
         const std::size_t m = std::min(chunk, n_own - c0);
-        host_.stage_params(i, local + c0, m, host_.stage());
-        transport_.to_device(all + c0 * cb, host_.stage(), m * cb);
+        stage_up(i, local + c0, m, all + c0 * cb);
       }
       gather_list(i, list, n, gather_buf_.data(), cb, true);
       space_.scatter_columns(gather_buf_.data(), p.param_type, p.param, p.layout, p.rows, p.cols, list_dev, n);
@@ -1257,6 +1290,10 @@ class optimizer {
   std::vector<std::uint32_t> iota_;  // 0, 1, 2, ...: every column of any matrix
   bool initialized_ = false, any_selected_ = false, selected_once_ = false, pending_ = false;
   bool async_offload_ = false;
+  // the offload lane's largest piece (bytes), and this step's blocks (a member: no allocation per step)
+  static constexpr std::size_t max_lane_piece = std::size_t(32) << 20;
+  std::size_t lane_piece_ = 0;
+  std::vector<offload_block> offload_blocks_;
   typename Space::template buffer<unsigned char> grad_compact_, dev_stage_;
   detail::array_pool<Space> lists_pool_;
   std::vector<detail::pooled_array<Space, std::uint32_t>> lists_dev_;

@@ -10,6 +10,7 @@
 #include "adamw.hpp"
 #include "config.hpp"
 #include "params.hpp"
+#include "transport/offload_block.hpp"
 
 namespace zenflow {
 
@@ -59,6 +60,26 @@ template <class T>
 concept pinned_transport = requires(const T& t) {
   { t.pinned_bytes() } -> std::convertible_to<std::size_t>;
 };
+// a Transport whose host -> device staging the caller fills in place (fill(staging) writes the
+// bytes there, then they go to dst): one host copy fewer than staging elsewhere and to_device
+namespace detail {
+// callables standing for the caller's in the concepts below (named types: nvcc does not take a
+// lambda inside a requires-expression, and a concept that quietly fails would skip the path)
+struct fill_probe {
+  void operator()(void*) const noexcept {}
+};
+struct consume_probe {
+  void operator()(std::size_t, const void*, std::size_t, std::size_t) const noexcept {}
+};
+}  // namespace detail
+template <class T>
+concept filling_transport = requires(T& t, void* dst, std::size_t n) { t.fill_to_device(dst, n, detail::fill_probe{}); };
+// a Transport that streams a list of blocks in one go (the offload: no drain between matrices)
+template <class T, class Space>
+concept block_streaming_transport =
+    requires(T& t, const typename Space::event& e, const offload_block* b, std::size_t n) {
+      t.stream_blocks_to_host(e, b, n, detail::consume_probe{});
+    };
 // a GpuUpdater that selects the top-k columns of every matrix on the device
 template <class T, class Space>
 concept device_topk_updater =

@@ -520,6 +520,10 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   void update(cuda_space& space, float factor, const adamw_hyper& hyper) {
     stream_ = space.stream();
     std::size_t nseg = 0, blocks = 0, ncoeff = 0, slots = 0;
+    // The pinned tables are rewritten below: the previous update's copies out of them must have
+    // completed (they have, in a step, since every step waits for its gradient summary first; the
+    // event makes that a guarantee of this function rather than of its caller's order).
+    tables_copied_.wait();
     cuda_kernels::update_segment* u = upd_host_.data();
     cuda_kernels::coeff_segment* cs = coeff_host_.data();
     for (auto& s : matrices_) {
@@ -542,8 +546,6 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       ++v.count;
     }
     if (nseg == 0) return;
-    // The pinned tables are rewritten only after the previous step's copies completed: every
-    // step reads its gradient summary back (a stream synchronisation) before it updates.
     if (ncoeff) {
       ZF_CUDA_TRY(cudaMemcpyAsync(coeff_segs_.data(), cs, ncoeff * sizeof(*cs), cudaMemcpyHostToDevice, stream_));
       cuda_kernels::slot_coeffs<<<cuda_kernels::blocks_for(slots, 256), 256, 0, stream_>>>(coeff_segs_.data(),
@@ -551,6 +553,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       ZF_CUDA_CHECK_LAUNCH("slot_coeffs");
     }
     ZF_CUDA_TRY(cudaMemcpyAsync(upd_segs_.data(), u, nseg * sizeof(*u), cudaMemcpyHostToDevice, stream_));
+    space.record(tables_copied_);
     cuda_kernels::fused_update<<<unsigned(blocks), 256, 0, stream_>>>(upd_segs_.data(), int(nseg), factor);
     ZF_CUDA_CHECK_LAUNCH("fused_update");
   }
@@ -636,6 +639,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   pinned_array<cuda_kernels::update_segment> upd_host_;
   buffer<cuda_kernels::coeff_segment> coeff_segs_;
   pinned_array<cuda_kernels::coeff_segment> coeff_host_;
+  cuda_space::event tables_copied_;  // the last update()'s copies out of the pinned tables are done
   buffer<std::int64_t> offsets_, chosen_n_;
   buffer<std::uint32_t> ks_, local_, sorted_, chosen_;
   buffer<double> keys_out_;

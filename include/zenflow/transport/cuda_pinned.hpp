@@ -1,12 +1,14 @@
 // Transport policy for cuda_space: every transfer goes through page-locked double buffers, so
 // each copy is an asynchronous DMA transfer (pageable memory would be staged by the driver) and
 // the host copies one buffer while the other is in flight.
-//  - to_host / to_device: from the training thread, on the space's stream (ordered with the
-//    device work around them). to_device returns once the host data sits in a pinned buffer.
-//  - stream_to_host: from the scheduler's offload lane, on a copy stream of its own that waits
-//    for an event of the compute stream (the compaction), so the transfer runs behind the next
-//    forward/backward; each piece is handed to the consumer as soon as its copy has completed
-//    (a blocking-sync event: the lane sleeps, never spins, and nothing synchronizes the device).
+//  - to_host / to_device / fill_to_device: from the training thread, on the space's stream
+//    (ordered with the device work around them). to_device returns once the host data sits in a
+//    pinned buffer; fill_to_device lets the caller write it there in the first place.
+//  - stream_to_host / stream_blocks_to_host: from the scheduler's offload lane, on a copy stream
+//    of its own that waits for an event of the compute stream (the compaction), so the transfer
+//    runs behind the next forward/backward; up to three pieces are in flight, across the blocks
+//    of all matrices, and each is handed to the consumer as soon as its copy has completed (a
+//    blocking-sync event: the lane sleeps, never spins, and nothing synchronizes the device).
 // Bytes are counted as they are moved (atomics: the two threads move concurrently).
 #pragma once
 
@@ -14,6 +16,7 @@
 #  error "zenflow's CUDA transport must be compiled by nvcc: include <zenflow/cuda.hpp> from a .cu file"
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +26,7 @@
 #include "../cuda/error.hpp"
 #include "../cuda/memory.hpp"
 #include "../space/cuda_space.hpp"
+#include "offload_block.hpp"
 
 namespace zenflow {
 
@@ -38,16 +42,21 @@ class cuda_pinned {
     }
   }
 
-  // Called once by initialize(): pieces of at most `chunk` bytes, on `space`'s device.
-  void reserve(cuda_space& space, std::size_t chunk) {
+  // Called once by initialize(): pieces of at most `chunk` bytes for the training thread's
+  // transfers and of at most `lane` bytes (default: chunk) for the offload lane's, on `space`'s
+  // device.
+  void reserve(cuda_space& space, std::size_t chunk, std::size_t lane = 0) {
     space_ = &space;
     chunk_ = chunk ? chunk : 1;
+    lane_chunk_ = lane ? lane : chunk_;
     for (int b = 0; b < 2; ++b) {
       train_[b] = pinned_array<unsigned char>(chunk_);
-      lane_[b] = pinned_array<unsigned char>(chunk_);
       train_ev_[b].create();
-      lane_ev_[b].create();
       train_used_[b] = false;
+    }
+    for (int b = 0; b < lanes; ++b) {
+      lane_[b] = pinned_array<unsigned char>(lane_chunk_);
+      lane_ev_[b].create();
     }
     if (!copy_stream_) ZF_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   }
@@ -98,36 +107,88 @@ class cuda_pinned {
     to_device_.fetch_add(bytes, std::memory_order_relaxed);
   }
 
+  // Host -> device on the compute stream: fill(pinned) writes the bytes (at most the reserved
+  // piece) into a page-locked buffer, which the DMA then reads — no copy through pageable
+  // memory. The buffer's previous transfer has completed first; the caller may go on while this
+  // one is in flight (the next fill goes to the other buffer).
+  template <class Fill>
+  void fill_to_device(void* dst, std::size_t bytes, Fill&& fill) {
+    ready();
+    if (bytes > chunk_) throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
+    if (bytes == 0) return;
+    const int b = next_;
+    next_ ^= 1;
+    wait_train(b);
+    fill(static_cast<void*>(train_[b].data()));
+    ZF_CUDA_TRY(cudaMemcpyAsync(dst, train_[b].data(), bytes, cudaMemcpyHostToDevice, space_->stream()));
+    ZF_CUDA_TRY(cudaEventRecord(train_ev_[b].get(), space_->stream()));
+    train_used_[b] = true;
+    to_device_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
   // A device block to the host in pieces of at most `chunk` bytes, on the copy stream, after the
   // compute stream has reached `ready`: consume(host_piece, offset, bytes) for each piece in
-  // order on the calling thread, while the next piece is in flight.
+  // order on the calling thread, while the next pieces are in flight.
   template <class Consume>
   void stream_to_host(const cuda_space::event& ready_at, const void* src, std::size_t bytes, std::size_t chunk,
                       Consume&& consume) {
+    const offload_block one{src, bytes, chunk};
+    stream_blocks_to_host(ready_at, &one, 1, [&](std::size_t, const void* piece, std::size_t off, std::size_t len) {
+      consume(piece, off, len);
+    });
+  }
+
+  // Blocks [0, n) in turn, each in pieces of at most its `piece` bytes (<= the reserved lane
+  // piece), on the copy stream after the compute stream has reached `ready`: consume(block,
+  // host_piece, offset, bytes) for each piece in order on the calling thread. Up to `lanes`
+  // pieces are in flight, across block boundaries (the queue never drains between blocks); a
+  // piece's buffer is refilled only after its consumer has returned.
+  template <class Consume>
+  void stream_blocks_to_host(const cuda_space::event& ready_at, const offload_block* blocks, std::size_t n,
+                             Consume&& consume) {
     ready();
-    if (chunk > chunk_ || chunk == 0) throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
-    if (bytes == 0) return;
+    for (std::size_t b = 0; b < n; ++b)
+      if (blocks[b].bytes && (blocks[b].piece > lane_chunk_ || blocks[b].piece == 0))
+        throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
     ZF_CUDA_TRY(cudaSetDevice(space_->device()));  // this runs on the scheduler's own thread
     if (ready_at.get()) ZF_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, ready_at.get(), 0));
-    const auto* in = static_cast<const unsigned char*>(src);
-    const std::size_t pieces = (bytes + chunk - 1) / chunk;
-    auto enqueue = [&](std::size_t p) {
-      const std::size_t off = p * chunk, len = bytes - off < chunk ? bytes - off : chunk;
-      ZF_CUDA_TRY(cudaMemcpyAsync(lane_[p & 1].data(), in + off, len, cudaMemcpyDeviceToHost, copy_stream_));
-      ZF_CUDA_TRY(cudaEventRecord(lane_ev_[p & 1].get(), copy_stream_));
+    struct at {
+      std::size_t block, off, len;
+    };
+    // the pieces in order, walked by `next`: the piece after (block, off), skipping empty blocks
+    auto first_from = [&](std::size_t b, std::size_t off) -> at {
+      while (b < n && off >= blocks[b].bytes) {
+        ++b;
+        off = 0;
+      }
+      if (b == n) return {n, 0, 0};
+      return {b, off, std::min(blocks[b].piece, blocks[b].bytes - off)};
+    };
+    at inflight[lanes];
+    int queued = 0;
+    at cursor = first_from(0, 0);
+    auto enqueue = [&](int slot) {
+      const at p = cursor;
+      const auto* in = static_cast<const unsigned char*>(blocks[p.block].src) + p.off;
+      ZF_CUDA_TRY(cudaMemcpyAsync(lane_[slot].data(), in, p.len, cudaMemcpyDeviceToHost, copy_stream_));
+      ZF_CUDA_TRY(cudaEventRecord(lane_ev_[slot].get(), copy_stream_));
+      inflight[slot] = p;
+      ++queued;
+      cursor = first_from(p.block, p.off + p.len);
     };
     try {
-      enqueue(0);
-      for (std::size_t p = 0; p < pieces; ++p) {
-        if (p + 1 < pieces) enqueue(p + 1);  // its buffer's last piece (p - 1) was consumed already
-        lane_ev_[p & 1].wait();
-        const std::size_t off = p * chunk, len = bytes - off < chunk ? bytes - off : chunk;
-        to_host_.fetch_add(len, std::memory_order_relaxed);
-        consume(static_cast<const void*>(lane_[p & 1].data()), off, len);
+      for (int slot = 0; slot < lanes && cursor.block < n; ++slot) enqueue(slot);
+      for (int slot = 0; queued > 0; slot = (slot + 1) % lanes) {
+        const at p = inflight[slot];
+        lane_ev_[slot].wait();
+        --queued;
+        to_host_.fetch_add(p.len, std::memory_order_relaxed);
+        consume(p.block, static_cast<const void*>(lane_[slot].data()), p.off, p.len);
+        if (cursor.block < n) enqueue(slot);  // the buffer just consumed takes the next piece
       }
     } catch (...) {
-      // the next piece's copy may be in flight: let it land before anyone reuses the source
-      // block or the lane buffers (the caller may retry the step)
+      // pieces may be in flight: let them land before anyone reuses the source blocks or the
+      // lane buffers (the caller may retry the step)
       cudaStreamSynchronize(copy_stream_);
       throw;
     }
@@ -138,7 +199,9 @@ class cuda_pinned {
 
   std::uint64_t bytes_to_host() const noexcept { return to_host_.load(std::memory_order_relaxed); }
   std::uint64_t bytes_to_device() const noexcept { return to_device_.load(std::memory_order_relaxed); }
-  std::size_t pinned_bytes() const noexcept { return 4 * chunk_ * (space_ ? 1 : 0); }
+  std::size_t pinned_bytes() const noexcept { return space_ ? 2 * chunk_ + std::size_t(lanes) * lane_chunk_ : 0; }
+  // The pinned buffers of the offload lane: `lanes` of the lane piece each.
+  static constexpr int lanes = 3;
 
  private:
   void ready() const {
@@ -150,9 +213,9 @@ class cuda_pinned {
   }
 
   cuda_space* space_ = nullptr;
-  std::size_t chunk_ = 0;
-  pinned_array<unsigned char> train_[2], lane_[2];
-  cuda_space::event train_ev_[2], lane_ev_[2];
+  std::size_t chunk_ = 0, lane_chunk_ = 0;
+  pinned_array<unsigned char> train_[2], lane_[lanes];
+  cuda_space::event train_ev_[2], lane_ev_[lanes];
   bool train_used_[2] = {false, false};
   int next_ = 0;
   cudaStream_t copy_stream_ = nullptr;

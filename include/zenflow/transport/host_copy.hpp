@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "offload_block.hpp"
+
 namespace zenflow {
 
 class host_copy {
@@ -23,6 +25,12 @@ class host_copy {
     if (bytes) std::memcpy(dst, src, bytes);
     to_device_.fetch_add(bytes, std::memory_order_relaxed);
   }
+  // Host -> device, the bytes written by fill(staging) straight into dst (no copy here).
+  template <class Fill>
+  void fill_to_device(void* dst, std::size_t bytes, Fill&& fill) {
+    if (bytes) fill(dst);
+    to_device_.fetch_add(bytes, std::memory_order_relaxed);
+  }
   // A device block to the host in pieces of at most `chunk` bytes, once the device work before
   // `ready` is done: consume(host_piece, offset, bytes) for each piece, in order, on the calling
   // thread. Here the piece is the block itself (no copy).
@@ -34,6 +42,15 @@ class host_copy {
       to_host_.fetch_add(len, std::memory_order_relaxed);
       consume(static_cast<const void*>(in + off), off, len);
     }
+  }
+
+  // Blocks [0, n) in turn, each in its pieces, as stream_to_host: consume(block, piece, offset,
+  // bytes).
+  template <class Event, class Consume>
+  void stream_blocks_to_host(const Event& ready, const offload_block* blocks, std::size_t n, Consume&& consume) {
+    for (std::size_t b = 0; b < n; ++b)
+      stream_to_host(ready, blocks[b].src, blocks[b].bytes, blocks[b].piece,
+                     [&](const void* piece, std::size_t off, std::size_t len) { consume(b, piece, off, len); });
   }
 
   std::uint64_t bytes_to_host() const noexcept { return to_host_.load(std::memory_order_relaxed); }
