@@ -134,7 +134,9 @@ using dp_optimizer =
 // the communicator works on the space's device memory, not the host space's — on host memory:
 // every collective on host data (inspection, checkpoints) goes through the gather space (up,
 // gathered, down), the path the NCCL communicator takes on a GPU.
-struct staged_space : host_space {};
+struct staged_space : host_space {
+  staged_space() : host_space(0) {}
+};
 struct staged_mpi : mpi_communicator {
   using space = staged_space;
   // reduction rounds of 100 elements: 19 for this model's 1,852, split inside and across tensors

@@ -19,6 +19,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -559,6 +560,8 @@ class optimizer {
       selected_once_ = true;
       info.selection = true;
     }
+    if constexpr (requires { updater_.enqueue_masses(space_); })
+      if (cfg_.update_interval.automatic) updater_.enqueue_masses(space_);  // (this step's selection)
     updater_.update(space_, factor, cfg_.adam);
     if (async_offload_) offload_async(factor);
     else offload(factor);
@@ -1007,7 +1010,7 @@ class optimizer {
   // master into the staging area, one transfer per chunk, scattered on the device.
   void upload(std::size_t i, const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n) {
     const matrix_param& p = matrices_[i];
-    const std::size_t chunk = host_.stage_columns(i), cb = p.rows * size_of(p.param_type);
+    const std::size_t chunk = host_.stage_columns(i);
     for (std::size_t c0 = 0; c0 < n; c0 += chunk) {
       const std::size_t m = std::min(chunk, n - c0);
       stage_up(i, list + c0, m, dev_stage_.data());
@@ -1083,15 +1086,20 @@ class optimizer {
       auto_a_.assign(matrices_.size(), 0.0);
       auto_b_.assign(matrices_.size(), 0.0);
     }
-    updater_.fetch_scores(space_, score_kind::l1);
+    constexpr bool device_masses = requires { updater_.masses(space_, std::size_t{}); };
+    if constexpr (!device_masses) updater_.fetch_scores(space_, score_kind::l1);
     std::size_t eligible = 0, needing = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const std::size_t k = selected_[i].size(), cols = matrices_[i].cols;
       if (k == 0 || k == cols) continue;
-      const double* l1 = updater_.scores(i, score_kind::l1);
       double sel = 0, all = 0;
-      for (std::size_t s = 0; s < k; ++s) sel += l1[selected_[i][s]];
-      for (std::size_t c = 0; c < cols; ++c) all += l1[c];
+      if constexpr (device_masses) {  // computed by the updater after this step's selection
+        std::tie(sel, all) = updater_.masses(space_, i);
+      } else {
+        const double* l1 = updater_.scores(i, score_kind::l1);
+        for (std::size_t s = 0; s < k; ++s) sel += l1[selected_[i][s]];
+        for (std::size_t c = 0; c < cols; ++c) all += l1[c];
+      }
       const double f = double(factor);
       auto_a_[i] += f * sel / double(k);
       auto_b_[i] += f * (all - sel) / double(cols - k);

@@ -376,6 +376,38 @@ struct to_master_fn {
   ZF_HD void operator()(std::size_t i) const { dst[i] = to_float(src[i]); }
 };
 
+// Zen-auto's masses of one matrix (a block each): the L1 scores of its selected columns
+// (columns[0, k), slot order) and of all its columns, each summed in order in double by one
+// thread — the host's loop, so the same bits — from chunks the block stages in shared memory.
+struct mass_segment {
+  const std::uint32_t* columns;
+  std::size_t col0, cols, k;
+};
+template <int = 0>
+__global__ void __launch_bounds__(256) column_masses(const mass_segment* segs, const double* __restrict__ l1,
+                                                     double* __restrict__ out) {
+  __shared__ double chunk[256];
+  const mass_segment s = segs[blockIdx.x];
+  double sums[2] = {0.0, 0.0};
+  for (int which = 0; which < 2; ++which) {
+    const std::size_t n = which == 0 ? s.k : s.cols;
+    for (std::size_t base = 0; base < n; base += 256) {
+      const std::size_t j = base + threadIdx.x;
+      if (j < n) chunk[threadIdx.x] = l1[s.col0 + (which == 0 ? std::size_t(s.columns[j]) : j)];
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const std::size_t m = n - base < 256 ? n - base : 256;
+        for (std::size_t t = 0; t < m; ++t) sums[which] = __dadd_rn(sums[which], chunk[t]);
+      }
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x == 0) {
+    out[2 * std::size_t(blockIdx.x)] = sums[0];
+    out[2 * std::size_t(blockIdx.x) + 1] = sums[1];
+  }
+}
+
 }  // namespace cuda_kernels
 
 namespace detail {
@@ -448,6 +480,11 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     upd_host_ = pinned_array<cuda_kernels::update_segment>(matrices_.size() + vectors_.size());
     coeff_segs_ = buffer<cuda_kernels::coeff_segment>(std::max<std::size_t>(1, matrices_.size()));
     coeff_host_ = pinned_array<cuda_kernels::coeff_segment>(std::max<std::size_t>(1, matrices_.size()));
+    // Zen-auto's masses (a table and 2 doubles per matrix)
+    mass_segs_ = buffer<cuda_kernels::mass_segment>(std::max<std::size_t>(1, matrices_.size()));
+    mass_host_ = pinned_array<cuda_kernels::mass_segment>(std::max<std::size_t>(1, matrices_.size()));
+    masses_dev_ = buffer<double>(2 * std::max<std::size_t>(1, matrices_.size()));
+    masses_host_ = pinned_array<double>(2 * std::max<std::size_t>(1, matrices_.size()));
     // top-k over all matrices
     total_cols_ = cols;
     std::vector<std::int64_t> offsets(matrices_.size() + 1, 0);
@@ -558,6 +595,31 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     ZF_CUDA_CHECK_LAUNCH("fused_update");
   }
 
+  // Zen-auto's L1 masses per matrix (selected columns, all columns; the host's loops and bits),
+  // computed on the device after the step's selection and read back (16 bytes a matrix) behind
+  // an event of their own: masses() waits for that, not for the compaction and the update
+  // enqueued after it, and no score crosses to the host.
+  void enqueue_masses(cuda_space& space) {
+    stream_ = space.stream();
+    const std::size_t n = matrices_.size();
+    if (n == 0) return;
+    masses_ready_.wait();  // the previous step's copies out of and into the pinned tables are done
+    cuda_kernels::mass_segment* t = mass_host_.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& s = matrices_[i];
+      t[i] = {s.active ? s.columns[s.cur].data() : nullptr, s.col0, s.p.cols, s.active};
+    }
+    ZF_CUDA_TRY(cudaMemcpyAsync(mass_segs_.data(), t, n * sizeof(*t), cudaMemcpyHostToDevice, stream_));
+    cuda_kernels::column_masses<<<unsigned(n), 256, 0, stream_>>>(mass_segs_.data(), l1_.data(), masses_dev_.data());
+    ZF_CUDA_CHECK_LAUNCH("column_masses");
+    ZF_CUDA_TRY(cudaMemcpyAsync(masses_host_.data(), masses_dev_.data(), 16 * n, cudaMemcpyDeviceToHost, stream_));
+    space.record(masses_ready_);
+  }
+  std::pair<double, double> masses(cuda_space&, std::size_t i) {
+    masses_ready_.wait();
+    return {masses_host_.data()[2 * i], masses_host_.data()[2 * i + 1]};
+  }
+
   // This step's scores in host memory (one read-back of all matrices' scores).
   void fetch_scores(cuda_space& space, score_kind kind) {
     stream_ = space.stream();
@@ -640,6 +702,11 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   buffer<cuda_kernels::coeff_segment> coeff_segs_;
   pinned_array<cuda_kernels::coeff_segment> coeff_host_;
   cuda_space::event tables_copied_;  // the last update()'s copies out of the pinned tables are done
+  buffer<cuda_kernels::mass_segment> mass_segs_;
+  pinned_array<cuda_kernels::mass_segment> mass_host_;
+  buffer<double> masses_dev_;
+  pinned_array<double> masses_host_;
+  cuda_space::event masses_ready_;  // this step's masses have reached masses_host_
   buffer<std::int64_t> offsets_, chosen_n_;
   buffer<std::uint32_t> ks_, local_, sorted_, chosen_;
   buffer<double> keys_out_;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "../adamw.hpp"
@@ -125,6 +126,21 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
     return r;
   }
 
+  // Zen-auto's L1 masses of this step, per matrix: of the selected columns (slot order, which is
+  // ascending) and of all columns, each summed in order in double. Called after the step's
+  // selection; masses(i) reads them (here computed at once, where the scores are).
+  void enqueue_masses(Space&) {
+    masses_.resize(matrices_.size());
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const auto& s = matrices_[i];
+      double sel = 0, all = 0;
+      for (std::size_t k = 0; k < s.active; ++k) sel += s.l1[s.columns[s.cur][k]];
+      for (std::size_t c = 0; c < s.p.cols; ++c) all += s.l1[c];
+      masses_[i] = {sel, all};
+    }
+  }
+  std::pair<double, double> masses(Space&, std::size_t i) const { return masses_[i]; }
+
   // This step's column scores of matrix i in host memory: fetch_scores() makes them readable
   // (a copy on a GPU space, nothing here), scores() points at them.
   void fetch_scores(Space&, score_kind) {}
@@ -184,6 +200,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
  private:
   static std::size_t groups(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
 
+  std::vector<std::pair<double, double>> masses_;  // Zen-auto, per matrix (selected, all)
   std::vector<double> partials_;  // host scratch of the total (8 bytes per 32 columns)
 };
 
