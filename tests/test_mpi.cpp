@@ -28,6 +28,8 @@
 #include <zenflow/mpi.hpp>
 #include <zenflow/zenflow.hpp>
 
+#include "data_parallel_support.hpp"
+
 using namespace zenflow;
 
 namespace {
@@ -41,9 +43,9 @@ int world(int what) {
 int my_rank() { return world(0); }
 int ranks() { return world(1); }
 
-// Three tensors with three grad dtypes: an fp32 matrix with bf16 grads, a bf16 row-major matrix
-// with fp32 grads, an fp32 vector with fp16 grads.
-constexpr std::size_t R0 = 16, C0 = 40, R1 = 8, C1 = 24, N2 = 20;
+// The three tensors of data_parallel_support.hpp, in host memory.
+using zf_dp_test::R0, zf_dp_test::C0, zf_dp_test::R1, zf_dp_test::C1, zf_dp_test::N2;
+using zf_dp_test::local;
 struct model {
   std::vector<float> w0 = std::vector<float>(R0 * C0);
   std::vector<bfloat16> g0 = std::vector<bfloat16>(R0 * C0);
@@ -64,56 +66,10 @@ struct model {
   }
 };
 
-// Rank r's local gradient at step s, element i of tensor k (a hash mapped to [-1, 1), with a
-// per-column scale so that the top-k selection has something to find). NaN where asked.
-float local(int r, int s, int k, std::size_t i) {
-  std::uint64_t h = (std::uint64_t(r) * 1000003u + std::uint64_t(s)) * 7919u + std::uint64_t(k) * 104729u + i;
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  const float u = float(h >> 40) / float(1u << 24) * 2.0f - 1.0f;
-  return u * (1.0f + float((i / 8 + std::size_t(s)) % 5));
-}
-
-// Each grad buffer as the trainer of rank r writes it at step s, or (ranks > 0) the reduced
-// gradient of `ranks` ranks: every rank's value rounded to the grad dtype, widened, summed in
-// rank order in fp32, divided by the number of ranks for the mean, rounded to the dtype.
-struct gradient_source {
-  int nan_rank = -1, nan_step = -1;
-  float value(int r, int s, int k, std::size_t i) const {
-    if (r == nan_rank && s == nan_step && k == 0 && i == 5) return std::numeric_limits<float>::quiet_NaN();
-    return local(r, s, k, i);
-  }
-  template <class T>
-  static float as_written(float x) {
-    if constexpr (std::is_same_v<T, float>) return x;
-    else return to_float(T(x));
-  }
-  template <class T>
-  void fill(std::vector<T>& g, int k, int s, int rank, int reduce_ranks, reduce_op op) const {
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      float x = 0;
-      if (reduce_ranks == 0) {
-        x = value(rank, s, k, i);
-      } else {
-        x = as_written<T>(value(0, s, k, i));
-        for (int r = 1; r < reduce_ranks; ++r) x += as_written<T>(value(r, s, k, i));
-        if (op == reduce_op::mean) x /= float(reduce_ranks);
-      }
-      if constexpr (std::is_same_v<T, float>) g[i] = x;
-      else g[i] = T(x);
-    }
-  }
-  void local_grads(model& m, int s) const {
-    fill(m.g0, 0, s, my_rank(), 0, reduce_op::mean);
-    fill(m.g1, 1, s, my_rank(), 0, reduce_op::mean);
-    fill(m.g2, 2, s, my_rank(), 0, reduce_op::mean);
-  }
-  void reduced_grads(model& m, int s, reduce_op op) const {
-    fill(m.g0, 0, s, 0, ranks(), op);
-    fill(m.g1, 1, s, 0, ranks(), op);
-    fill(m.g2, 2, s, 0, ranks(), op);
-  }
+// Each rank's gradients, and the reduced gradient written out (data_parallel_support.hpp).
+struct gradient_source : zf_dp_test::gradient_source {
+  void local_grads(model& m, int s) const { fill_all(m, s, my_rank(), 0, reduce_op::mean); }
+  void reduced_grads(model& m, int s, reduce_op op) const { fill_all(m, s, 0, ranks(), op); }
 };
 
 config test_config(bool overlap) {

@@ -26,6 +26,7 @@
 #include <zenflow/nccl.hpp>
 
 #include "cuda_support.hpp"
+#include "data_parallel_support.hpp"
 
 using namespace zenflow;
 using zf_test::has_gpu;
@@ -75,46 +76,11 @@ void on_ranks(int R, F f) {
     if (e) std::rethrow_exception(e);
 }
 
-// Rank r's value i (a hash mapped to [-1, 1), scaled per column so top-k has something to find);
-// NaN where asked.
-struct gradient_source {
-  int nan_rank = -1, nan_step = -1;
-  float value(int r, int s, int k, std::size_t i) const {
-    if (r == nan_rank && s == nan_step && k == 0 && i == 5) return std::numeric_limits<float>::quiet_NaN();
-    std::uint64_t h = (std::uint64_t(r) * 1000003u + std::uint64_t(s)) * 7919u + std::uint64_t(k) * 104729u + i;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    const float u = float(h >> 40) / float(1u << 24) * 2.0f - 1.0f;
-    return u * (1.0f + float((i / 8 + std::size_t(s)) % 5));
-  }
-  template <class T>
-  static float as_written(float x) {
-    if constexpr (std::is_same_v<T, float>) return x;
-    else return to_float(T(x));
-  }
-  // rank r's gradient (ranks == 0), or the reduction of `ranks` ranks' written out: each value
-  // rounded to the dtype, widened, summed in rank order in fp32, divided for the mean, rounded
-  template <class T>
-  void fill(std::vector<T>& g, int k, int s, int rank, int ranks, reduce_op op) const {
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      float x = 0;
-      if (ranks == 0) {
-        x = value(rank, s, k, i);
-      } else {
-        x = as_written<T>(value(0, s, k, i));
-        for (int r = 1; r < ranks; ++r) x += as_written<T>(value(r, s, k, i));
-        if (op == reduce_op::mean) x /= float(ranks);
-      }
-      if constexpr (std::is_same_v<T, float>) g[i] = x;
-      else g[i] = T(x);
-    }
-  }
-};
+using zf_dp_test::gradient_source;
 
-// An fp32 matrix with bf16 grads, a bf16 row-major matrix with fp32 grads, an fp32 vector with
-// fp16 grads; host arrays, and (on a device) their device copies that the optimizer works on.
-constexpr std::size_t R0 = 16, C0 = 40, R1 = 8, C1 = 24, N2 = 20;
+// The three tensors of data_parallel_support.hpp: host arrays, and (on a device) their device
+// copies that the optimizer works on.
+using zf_dp_test::R0, zf_dp_test::C0, zf_dp_test::R1, zf_dp_test::C1, zf_dp_test::N2;
 struct model {
   std::vector<float> w0 = std::vector<float>(R0 * C0);
   std::vector<bfloat16> g0 = std::vector<bfloat16>(R0 * C0);
@@ -163,9 +129,7 @@ struct model {
   }
   // this step's gradients: rank r's own (ranks == 0) or the reduced ones
   void grads(const gradient_source& src, int s, int rank, int ranks, reduce_op op) {
-    src.fill(g0, 0, s, rank, ranks, op);
-    src.fill(g1, 1, s, rank, ranks, op);
-    src.fill(g2, 2, s, rank, ranks, op);
+    src.fill_all(*this, s, rank, ranks, op);
     if (!device) return;
     up(dg0, g0);
     up(dg1, g1);

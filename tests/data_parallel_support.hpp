@@ -1,0 +1,71 @@
+// What the data-parallel tests share (test_mpi over MPI on the host space, test_nccl over NCCL
+// on the CUDA space): the model's shapes and the gradients every rank writes, with the reduced
+// gradient written out here, independently of the communicators, as the reference.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <zenflow/config.hpp>
+#include <zenflow/numeric.hpp>
+
+namespace zf_dp_test {
+
+// Three tensors with three grad dtypes: an fp32 R0 x C0 matrix with bf16 grads, a bf16 row-major
+// R1 x C1 matrix with fp32 grads, an fp32 vector of N2 with fp16 grads.
+inline constexpr std::size_t R0 = 16, C0 = 40, R1 = 8, C1 = 24, N2 = 20;
+
+// Rank r's local gradient at step s, element i of tensor k (a hash mapped to [-1, 1), with a
+// per-column scale so that the top-k selection has something to find).
+inline float local(int r, int s, int k, std::size_t i) {
+  std::uint64_t h = (std::uint64_t(r) * 1000003u + std::uint64_t(s)) * 7919u + std::uint64_t(k) * 104729u + i;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  const float u = float(h >> 40) / float(1u << 24) * 2.0f - 1.0f;
+  return u * (1.0f + float((i / 8 + std::size_t(s)) % 5));
+}
+
+// Each grad buffer as the trainer of rank r writes it at step s (NaN where asked), or (ranks >
+// 0) the reduced gradient of `ranks` ranks: every rank's value rounded to the grad dtype,
+// widened, summed in rank order in fp32, divided by the number of ranks for the mean, rounded to
+// the dtype.
+struct gradient_source {
+  int nan_rank = -1, nan_step = -1;
+  float value(int r, int s, int k, std::size_t i) const {
+    if (r == nan_rank && s == nan_step && k == 0 && i == 5) return std::numeric_limits<float>::quiet_NaN();
+    return local(r, s, k, i);
+  }
+  template <class T>
+  static float as_written(float x) {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return zenflow::to_float(T(x));
+  }
+  template <class T>
+  void fill(std::vector<T>& g, int k, int s, int rank, int ranks, zenflow::reduce_op op) const {
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      float x = 0;
+      if (ranks == 0) {
+        x = value(rank, s, k, i);
+      } else {
+        x = as_written<T>(value(0, s, k, i));
+        for (int r = 1; r < ranks; ++r) x += as_written<T>(value(r, s, k, i));
+        if (op == zenflow::reduce_op::mean) x /= float(ranks);
+      }
+      if constexpr (std::is_same_v<T, float>) g[i] = x;
+      else g[i] = T(x);
+    }
+  }
+  // the model's three grad buffers (m.g0, m.g1, m.g2)
+  template <class Model>
+  void fill_all(Model& m, int s, int rank, int ranks, zenflow::reduce_op op) const {
+    fill(m.g0, 0, s, rank, ranks, op);
+    fill(m.g1, 1, s, rank, ranks, op);
+    fill(m.g2, 2, s, rank, ranks, op);
+  }
+};
+
+}  // namespace zf_dp_test
