@@ -465,8 +465,8 @@ class optimizer {
       else space_.convert(src, st, dst, dt, n);
     };
     std::size_t fill = 0;  // elements of this round in buf
-    std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (tensor, first element), len below
-    std::vector<std::size_t> lens;
+    auto& pieces = reduce_pieces_;  // this round's pieces of tensors, in buf order
+    pieces.clear();
     auto grad = [&](std::size_t t) -> std::pair<unsigned char*, dtype> {
       if (t < matrices_.size()) return {static_cast<unsigned char*>(const_cast<void*>(matrices_[t].grad)), matrices_[t].grad_type};
       const auto& v = vectors_[t - matrices_.size()];
@@ -476,14 +476,13 @@ class optimizer {
       if (!fill) return;
       comm_.reduce(buf, fill, cfg_.gradient_reduction);
       std::size_t at = 0;
-      for (std::size_t k = 0; k < pieces.size(); ++k) {
-        const auto [g, t] = grad(pieces[k].first);
-        convert(buf + at, dtype::f32, g + pieces[k].second * size_of(t), t, lens[k]);
-        at += lens[k];
+      for (const reduce_piece& pc : pieces) {
+        const auto [g, t] = grad(pc.tensor);
+        convert(buf + at, dtype::f32, g + pc.first * size_of(t), t, pc.len);
+        at += pc.len;
       }
       fill = 0;
       pieces.clear();
-      lens.clear();
     };
     const std::size_t tensors = matrices_.size() + vectors_.size();
     for (std::size_t t = 0; t < tensors; ++t) {
@@ -492,8 +491,7 @@ class optimizer {
         const std::size_t len = std::min(n - e, round - fill);
         const auto [g, ty] = grad(t);
         convert(g + e * size_of(ty), ty, buf + fill, dtype::f32, len);
-        pieces.emplace_back(t, e);
-        lens.push_back(len);
+        pieces.push_back({t, e, len});
         fill += len;
         e += len;
         if (fill == round) flush();
@@ -1278,6 +1276,10 @@ class optimizer {
   [[no_unique_address]] Communicator comm_;
   // data parallel: every gradient, as fp32, for the reduction (the space's device memory)
   typename Space::template buffer<float> reduce_buf_;
+  struct reduce_piece {
+    std::size_t tensor, first, len;  // elements [first, first + len) of grad buffer `tensor`
+  };
+  std::vector<reduce_piece> reduce_pieces_;  // (a member: its capacity stays, no allocation per step)
   // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where
   // the blocks of params or joining state are gathered, and the bytes this rank sent there.
   std::vector<std::size_t> counts_;
