@@ -11,6 +11,7 @@
 #include <iterator>
 #include <tuple>
 #include <fstream>
+#include <optional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -124,23 +125,42 @@ TEST_CASE("checkpoint: resume is bit-exact, wherever the run is saved") {
     a.initialize();
     steps(a, t1, total);
     const snapshot want = take(a, t1, sc);
-    // the same run saved at step `at`, dropped, and resumed by a new optimizer
+    // the same run saved at step `at`, dropped, and resumed by a new optimizer; every other seed
+    // with the host update's params uploaded ahead (a save with such an upload waiting to be
+    // applied keeps it; a load uploads from the loaded master instead), which changes no bit
+    const bool ahead = seed % 2 == 0;
     trainer t2(sc);
+    std::optional<trainer> t3;  // the trainer as it was at the save
     {
       optimizer<> b(sc.cfg);
+      b.transport().upload_ahead(ahead);
       register_all(b, t2, sc);
       b.initialize();
       steps(b, t2, at);
       b.save(path);
+      t3.emplace(t2);
+      if (ahead) {  // the saving run goes on, and so does one loaded at once, on a copy of the trainer
+        trainer t4 = t2;
+        optimizer<> d(sc.cfg);
+        d.transport().upload_ahead(true);
+        register_all(d, t4, sc);
+        d.initialize();
+        d.load(path);
+        steps(b, t2, total - at);
+        steps(d, t4, total - at);
+        REQUIRE(take(b, t2, sc) == want);
+        REQUIRE(take(d, t4, sc) == want);
+      }
     }  // the optimizer is gone, and the weights are lost too:
-    for (auto& buf : t2.mp) std::fill(buf.begin(), buf.end(), 0x55);
-    for (auto& buf : t2.vp) std::fill(buf.begin(), buf.end(), 0x55);
+    for (auto& buf : t3->mp) std::fill(buf.begin(), buf.end(), 0x55);
+    for (auto& buf : t3->vp) std::fill(buf.begin(), buf.end(), 0x55);
     optimizer<> c(sc.cfg);
-    register_all(c, t2, sc);
+    c.transport().upload_ahead(ahead);
+    register_all(c, *t3, sc);
     c.initialize();
     c.load(path);  // restores the weights as well
-    steps(c, t2, total - at);
-    REQUIRE(take(c, t2, sc) == want);
+    steps(c, *t3, total - at);
+    REQUIRE(take(c, *t3, sc) == want);
   }
   std::remove(path.c_str());
 }

@@ -22,6 +22,7 @@ static_assert(reservable_transport<cuda_pinned, cuda_space>);
 static_assert(pinned_transport<cuda_pinned>);
 static_assert(filling_transport<cuda_pinned> && filling_transport<host_copy>);
 static_assert(block_streaming_transport<cuda_pinned, cuda_space> && block_streaming_transport<host_copy, host_space>);
+static_assert(ahead_transport<cuda_pinned> && ahead_transport<host_copy>);
 static_assert(device_topk_updater<fused_adamw<cuda_space>, cuda_space>);
 static_assert(std::is_same_v<default_transport_t<cuda_space>, cuda_pinned>);
 static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);
@@ -88,6 +89,14 @@ TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, 
   CHECK_THROWS_AS(t.to_host(&x, &y, 4), std::logic_error);
   CHECK_THROWS_AS(t.to_device(&x, &y, 4), std::logic_error);
   CHECK(t.bytes_to_host() == 0);
+  // uploads ahead: off by default; asked for before initialize (reserve) only; unusable before
+  CHECK_FALSE(t.uploads_ahead());
+  t.upload_ahead(true);
+  CHECK(t.uploads_ahead());
+  CHECK_THROWS_AS(t.ahead_begin(), std::logic_error);
+  CHECK_THROWS_AS(t.fill_ahead(&x, 4, [](void*) {}), std::logic_error);
+  CHECK_THROWS_AS(t.await_ahead(), std::logic_error);
+  CHECK(t.pinned_bytes() == 0);
 }
 
 // The launch check (the same logic on any machine): a launch's failure throws, naming CUDA's

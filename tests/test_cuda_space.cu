@@ -309,6 +309,32 @@ TEST_CASE("cuda: zenflow on cuda_space matches the reference model, step by step
   }
 }
 
+// Uploads ahead (the update lane's copies on an upload stream of their own, into the device
+// area; the boundary waits on an event and scatters): against the reference model step by step,
+// with the same bits and bytes as the boundary upload, and the path taken.
+TEST_CASE("cuda: uploads ahead match the reference model and the boundary upload, bit for bit" *
+          doctest::skip(!has_gpu())) {
+  const std::uint64_t seeds = zf_test::full_or_quick<std::uint64_t>(60, 12);
+  std::uint64_t engaged = 0;
+  for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+    CAPTURE(seed);
+    const zf_test::scenario sc = zf_test::random_scenario(seed);
+    std::vector<std::vector<std::vector<float>>> plain_trace, ahead_trace;
+    optimizer<cuda_space> plain(sc.cfg);
+    zf_test::run_scenario(sc, plain, &plain_trace, cuda_buffers{});
+    optimizer<cuda_space> ahead(sc.cfg);
+    ahead.transport().upload_ahead(true);
+    zf_test::run_scenario(sc, ahead, &ahead_trace, cuda_buffers{});
+    REQUIRE(ahead_trace == plain_trace);
+    const optimizer_stats a = ahead.stats(), p = plain.stats();
+    CHECK(a.bytes_to_device == p.bytes_to_device);
+    CHECK(a.bytes_to_host == p.bytes_to_host);
+    CHECK(a.host_pinned_bytes > p.host_pinned_bytes);  // two more lane buffers
+    if (a.bytes_uploaded_ahead > 0) ++engaged;
+  }
+  CHECK(engaged > seeds / 4);
+}
+
 // Both spaces in lockstep on the same gradients: the same bits everywhere (masters, moments,
 // counts, selections, params, byte counts).
 TEST_CASE("cuda: cuda_space and host_space give bit-identical runs" * doctest::skip(!has_gpu())) {

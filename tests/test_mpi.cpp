@@ -190,11 +190,12 @@ std::vector<unsigned char> synced_params(Opt& opt) {
   return out;
 }
 
-run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap, int steps) {
+run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap, int steps, bool ahead = false) {
   model m;
   config cfg = variant(op, overlap);
   cfg.gradient_reduction = op;
   dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  opt.transport().upload_ahead(ahead);
   m.add_to(opt);
   opt.initialize();
   run_out out;
@@ -230,13 +231,17 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
   // selections at t = 1, 5, 9, 13 (3, 7, 11 after two warm-up steps); boundaries every 2; the
   // last one, at t = 12, is still pending at the end with overlap
   const int steps = 13;
+  // (and with each rank's host updates uploaded ahead into the area, gathered at the boundary)
   for (reduce_op op : {reduce_op::mean, reduce_op::sum}) {
-    for (bool overlap : {false, true}) {
+    for (auto [overlap, ahead] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
       CAPTURE(int(op));
       CAPTURE(overlap);
+      CAPTURE(ahead);
       const gradient_source src;
-      const auto dp = data_parallel_run(src, op, overlap, steps);
+      const auto dp = data_parallel_run(src, op, overlap, steps, ahead);
       const auto ref = reference_run(src, op, overlap, steps);
+      CHECK((sum_over_ranks(dp.stats.bytes_uploaded_ahead) > 0) == ahead);
+      if (ahead) CHECK(sum_over_ranks(dp.stats.bytes_uploaded_ahead) <= ref.stats.bytes_to_device);
       CHECK(dp.state == ref.state);
       CHECK(dp.synced == ref.synced);
       CHECK(dp.skipped == ref.skipped);

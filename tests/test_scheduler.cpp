@@ -58,7 +58,7 @@ TEST_CASE("bounded_async: the same bits whatever the timing, and one window of s
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     CAPTURE(seed);
     const scenario sc = overlap_scenario(seed);
-    std::vector<std::vector<std::vector<float>>> fast, inline_run, slow;
+    std::vector<std::vector<std::vector<float>>> fast, inline_run, slow, slow_ahead;
     {
       zf_with<bounded_async> opt(sc.cfg);
       run_scenario(sc, opt, &fast);  // also checked against the reference at every step
@@ -71,8 +71,14 @@ TEST_CASE("bounded_async: the same bits whatever the timing, and one window of s
       zf_with<slow_async> opt(sc.cfg);
       run_scenario(sc, opt, &slow);
     }
+    {  // the host update's params uploaded ahead, by a job that is late as well
+      zf_with<slow_async> opt(sc.cfg);
+      opt.transport().upload_ahead(true);
+      run_scenario(sc, opt, &slow_ahead);
+    }
     REQUIRE(fast == inline_run);
     REQUIRE(fast == slow);
+    REQUIRE(fast == slow_ahead);
   }
 }
 

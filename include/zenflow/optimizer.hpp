@@ -51,6 +51,9 @@ struct optimizer_stats {
   std::uint64_t host_updates = 0;   // host AdamW passes that update a column (warm-up included), counted at their start
   std::uint64_t bytes_to_host = 0;  // device -> host, applied steps only
   std::uint64_t bytes_to_device = 0;
+  // Of bytes_to_device, those a host update's job uploaded ahead of the boundary that applied them
+  // (a transport's upload_ahead(true)); since this optimizer was made (not carried by checkpoints).
+  std::uint64_t bytes_uploaded_ahead = 0;
   double stall_seconds = 0;         // time step() waited for host work
   double host_update_seconds = 0;   // time spent in host updates (foreground or background)
   // Memory the optimizer holds, by kind (element counts times sizes; 0 before initialize()).
@@ -249,6 +252,7 @@ class optimizer {
     // every step returned so far, the offload still on its way included
     s.bytes_to_host = std::max(transport_.bytes_to_host(), owed_to_host_) - base_to_host_;
     s.bytes_to_device = transport_.bytes_to_device() - base_to_device_;
+    s.bytes_uploaded_ahead = ahead_bytes_;
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     s.host_bookkeeping_bytes = bookkeeping_bytes();
@@ -262,7 +266,8 @@ class optimizer {
       const bool on_host = std::is_base_of_v<host_space, Space>;
       s.host_pageable_bytes = host_.bytes_allocated() + (on_host ? comm_bytes : 0);
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
-      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + 4 * slots_dev_.size() +
+      s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + ahead_.size() +
+                       4 * slots_dev_.size() +
                        (on_host ? 0 : comm_bytes);
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
     }
@@ -353,6 +358,9 @@ class optimizer {
 
   Space& space() noexcept { return space_; }
   Scheduler& scheduler() noexcept { return scheduler_; }
+  // The transport, e.g. to opt in to uploads ahead before initialize():
+  // opt.transport().upload_ahead(true) (cuda_pinned, host_copy).
+  Transport& transport() noexcept { return transport_; }
 
   // ---- checkpoints ------------------------------------------------------------------------
   // Saves the complete state — config, registrations, counters, selections, per-column counts,
@@ -668,6 +676,18 @@ class optimizer {
     }
     if constexpr (requires { transport_.reserve(space_, stage, lane_piece_); }) transport_.reserve(space_, stage, lane_piece_);
     else if constexpr (reservable_transport<Transport, Space>) transport_.reserve(space_, stage);
+    if constexpr (ahead_transport<Transport>) {
+      if (transport_.uploads_ahead()) {
+        ahead_at_.assign(matrices_.size() + 1, 0);
+        for (std::size_t i = 0; i < matrices_.size(); ++i) {
+          const matrix_param& p = matrices_[i];
+          const std::size_t most = resident(i) ? 0 : p.cols - updater_.matrix(i).k;  // a host update's columns
+          ahead_at_[i + 1] = ahead_at_[i] + align_up(most * p.rows * size_of(p.param_type));
+        }
+        ahead_ = typename Space::template buffer<unsigned char>(ahead_at_.back());
+        ahead_on_ = ahead_at_.back() > 0;
+      }
+    }
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       if (resident(i)) place_resident(i);
       else load_master(i);
@@ -1043,11 +1063,21 @@ class optimizer {
     const float div = cfg_.host_gradient == window_gradient::sum ? 1.0f : float(window_steps_);
     const adamw_hyper hyper = cfg_.adam;
     const int which = active_acc_;
-    auto job = [this, which, div, hyper] {
+    const bool ahead = ahead_fits();
+    auto job = [this, which, div, hyper, ahead] {
       if (async_offload_) scheduler_.wait_offload_quiet();  // this window's last accumulation
       const auto t0 = std::chrono::steady_clock::now();
-      for (std::size_t i = 0; i < matrices_.size(); ++i)
+      if constexpr (ahead_transport<Transport>)
+        if (ahead) transport_.ahead_begin();
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
         host_.update(i, which, host_unselected(i), host_unselected_count(i), div, matrix_hyper(i, hyper));
+        if (ahead) upload_ahead(i);  // (its copies overlap the next matrix's update)
+      }
+      if constexpr (ahead_transport<Transport>)
+        if (ahead) {
+          transport_.ahead_done();
+          ahead_filled_ = true;
+        }
       const auto dt = std::chrono::steady_clock::now() - t0;
       host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
     };
@@ -1065,14 +1095,69 @@ class optimizer {
     auto_b_.assign(matrices_.size(), 0.0);
   }
 
-  // Waits for the host update in flight, if any, and uploads the columns it changed.
+  // Waits for the host update in flight, if any, and uploads the columns it changed (or, when
+  // its job uploaded them ahead, applies them from the device area).
   void drain() {
     scheduler_.wait();
     if (!pending_) return;
-    for (std::size_t i = 0; i < matrices_.size(); ++i)
-      publish(i, host_unselected(i), host_unselected_dev(i), host_unselected_count(i), unselected_[i].data(),
-              unselected_dev(i), unselected_[i].size());
+    if (ahead_filled_) {
+      apply_ahead();
+    } else {
+      for (std::size_t i = 0; i < matrices_.size(); ++i)
+        publish(i, host_unselected(i), host_unselected_dev(i), host_unselected_count(i), unselected_[i].data(),
+                unselected_dev(i), unselected_[i].size());
+    }
     pending_ = false;
+  }
+
+  // Uploads ahead: does every matrix's unselected list fit its part of the area? (Always, once
+  // the first selection has given each matrix its k columns; checked all the same.)
+  bool ahead_fits() const noexcept {
+    if (!ahead_on_) return false;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const matrix_param& p = matrices_[i];
+      if (unselected_[i].size() * p.rows * size_of(p.param_type) > ahead_at_[i + 1] - ahead_at_[i]) return false;
+    }
+    return true;
+  }
+  // On the update lane, right after matrix i's host AdamW: its updated params, rounded from the
+  // master straight into the transport's (pinned) buffers, go to this rank's place in the area.
+  void upload_ahead(std::size_t i) {
+    if constexpr (ahead_transport<Transport>) {
+      const std::size_t n = host_unselected_count(i);
+      if (n == 0) return;
+      const matrix_param& p = matrices_[i];
+      const std::size_t cb = p.rows * size_of(p.param_type), per = transport_.ahead_piece() / cb;
+      if (per == 0) throw std::logic_error("zenflow: the transport's upload piece holds no column");
+      unsigned char* base = ahead_.data() + ahead_at_[i] + std::size_t(host_unselected_dev(i) - unselected_dev(i)) * cb;
+      const std::uint32_t* list = host_unselected(i);
+      for (std::size_t c0 = 0; c0 < n; c0 += per) {
+        const std::size_t m = std::min(per, n - c0);
+        transport_.fill_ahead(base + c0 * cb, m * cb, [&](void* staging) { host_.stage_params(i, list + c0, m, staging); });
+      }
+    }
+  }
+  // The boundary's part when the job uploaded ahead: the compute stream waits for its copies (the
+  // host does not), every rank's part is gathered (data parallel), one scatter per matrix.
+  void apply_ahead() {
+    if constexpr (ahead_transport<Transport>) {
+      transport_.await_ahead();
+      std::size_t bytes = 0;
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const auto& un = unselected_[i];
+        if (un.empty()) continue;
+        const matrix_param& p = matrices_[i];
+        const std::size_t cb = p.rows * size_of(p.param_type);
+        unsigned char* area = ahead_.data() + ahead_at_[i];
+        gather_list(i, un.data(), un.size(), area, cb, true);
+        space_.scatter_columns(area, p.param_type, p.param, p.layout, p.rows, p.cols, unselected_dev(i), un.size());
+        bytes += host_unselected_count(i) * cb;
+      }
+      transport_.ahead_consumed();
+      transport_.account_to_device(bytes);
+      ahead_bytes_ += bytes;
+    }
+    ahead_filled_ = false;
   }
 
   // Zen-auto: per matrix with 0 < k < cols, A = mean over the window of (selected L1 mass / k),
@@ -1271,6 +1356,16 @@ class optimizer {
   Space space_{};
   HostAccumulator host_;
   GpuUpdater updater_{};
+  // Uploads ahead (a transport's opt-in, ahead_transport): every matrix's unselected columns'
+  // params, matrix after matrix (ahead_at_[i] bytes on) in unselected-list order (data parallel:
+  // this rank's part at its place, the others' gathered there at the boundary), in the space's
+  // device memory; written by the update lane's job, read by the boundary that applies it.
+  // (Before transport_: destroyed after it, whose destructor waits for the copies into it.)
+  typename Space::template buffer<unsigned char> ahead_;
+  std::vector<std::size_t> ahead_at_;  // ahead_at_[matrices] = the end
+  bool ahead_on_ = false;
+  bool ahead_filled_ = false;  // the last host update's params are there (set at its job's end)
+  std::uint64_t ahead_bytes_ = 0;  // stats().bytes_uploaded_ahead
   Transport transport_{};
   Scheduler scheduler_{};
   [[no_unique_address]] Communicator comm_;

@@ -547,6 +547,7 @@ struct optimizer_checkpoint {
     o.base_stall_ = o.scheduler_.stall_seconds() - stall;
     o.selected_once_ = sel_once;
     o.pending_ = pend;
+    o.ahead_filled_ = false;  // a pending update is uploaded from the loaded master, not the device area
     o.active_acc_ = acc;
     o.auto_a_ = std::move(aa);
     o.auto_b_ = std::move(ab);

@@ -80,6 +80,22 @@ concept block_streaming_transport =
     requires(T& t, const typename Space::event& e, const offload_block* b, std::size_t n) {
       t.stream_blocks_to_host(e, b, n, detail::consume_probe{});
     };
+// a Transport that can upload a host update's params ahead of the boundary that applies them
+// (opt-in, uploads_ahead()): from the update lane, in pieces the caller fills in place, into a
+// device area the optimizer keeps for them; the boundary then only waits on the device for
+// those copies (await_ahead) and scatters. Bytes so moved are counted when applied
+// (account_to_device), as DESIGN.md §10 counts them.
+template <class T>
+concept ahead_transport = requires(T& t, const T& ct, void* dst, std::size_t n) {
+  { ct.uploads_ahead() } -> std::convertible_to<bool>;
+  { ct.ahead_piece() } -> std::convertible_to<std::size_t>;
+  t.ahead_begin();
+  t.fill_ahead(dst, n, detail::fill_probe{});
+  t.ahead_done();
+  t.await_ahead();
+  t.ahead_consumed();
+  t.account_to_device(n);
+};
 // a GpuUpdater that selects the top-k columns of every matrix on the device
 template <class T, class Space>
 concept device_topk_updater =

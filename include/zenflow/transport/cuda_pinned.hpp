@@ -4,6 +4,8 @@
 //  - to_host / to_device / fill_to_device: from the training thread, on the space's stream
 //    (ordered with the device work around them). to_device returns once the host data sits in a
 //    pinned buffer; fill_to_device lets the caller write it there in the first place.
+//  - fill_ahead (opt-in, upload_ahead): from the scheduler's update lane, on an upload stream of
+//    its own, into the optimizer's device area; the boundary's compute stream waits on an event.
 //  - stream_to_host / stream_blocks_to_host: from the scheduler's offload lane, on a copy stream
 //    of its own that waits for an event of the compute stream (the compaction), so the transfer
 //    runs behind the next forward/backward; up to three pieces are in flight, across the blocks
@@ -36,11 +38,25 @@ class cuda_pinned {
   cuda_pinned(const cuda_pinned&) = delete;
   cuda_pinned& operator=(const cuda_pinned&) = delete;
   ~cuda_pinned() {
-    if (copy_stream_) {
-      cudaStreamSynchronize(copy_stream_);
-      cudaStreamDestroy(copy_stream_);
-    }
+    for (cudaStream_t st : {copy_stream_, up_stream_})
+      if (st) {
+        cudaStreamSynchronize(st);
+        cudaStreamDestroy(st);
+      }
   }
+
+  // Opt-in, before the optimizer's initialize(): a host update's params go up from the update
+  // lane as soon as each matrix is updated, on an upload stream of their own (concurrent with the
+  // offload's device -> host copies: PCIe is full duplex), into a device area the optimizer keeps
+  // for them (the param bytes of every unselected column); the boundary that applies them only
+  // makes the compute stream wait for those copies and scatters. Costs that device memory and
+  // two more pinned lane buffers; saves the boundary's host rounding and its copy time.
+  cuda_pinned& upload_ahead(bool on) {
+    if (space_) throw std::logic_error("zenflow: cuda_pinned::upload_ahead must be set before initialize()");
+    ahead_ = on;
+    return *this;
+  }
+  bool uploads_ahead() const noexcept { return ahead_; }
 
   // Called once by initialize(): pieces of at most `chunk` bytes for the training thread's
   // transfers and of at most `lane` bytes (default: chunk) for the offload lane's, on `space`'s
@@ -59,7 +75,65 @@ class cuda_pinned {
       lane_ev_[b].create();
     }
     if (!copy_stream_) ZF_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    if (ahead_) {
+      for (int b = 0; b < 2; ++b) {
+        up_[b] = pinned_array<unsigned char>(lane_chunk_);
+        up_ev_[b].create();
+        up_used_[b] = false;
+      }
+      up_done_.create();
+      consumed_.create();
+      if (!up_stream_) ZF_CUDA_TRY(cudaStreamCreateWithFlags(&up_stream_, cudaStreamNonBlocking));
+    }
   }
+
+  // ---- uploads ahead (the optimizer's update lane; see upload_ahead) ----------------------
+  // The largest piece fill_ahead takes.
+  std::size_t ahead_piece() const noexcept { return lane_chunk_; }
+  // A job's first call, on the update lane's thread: its copies into the device area wait until
+  // the compute stream has read what the last job put there (ahead_consumed).
+  void ahead_begin() {
+    ready_ahead();
+    ZF_CUDA_TRY(cudaSetDevice(space_->device()));
+    if (consumed_recorded_) ZF_CUDA_TRY(cudaStreamWaitEvent(up_stream_, consumed_.get(), 0));
+  }
+  // fill(pinned) writes `bytes` (at most ahead_piece()) into one of two page-locked buffers,
+  // which then go to dst on the upload stream; the buffer's previous copy has completed first.
+  // Not counted until applied (account_to_device).
+  template <class Fill>
+  void fill_ahead(void* dst, std::size_t bytes, Fill&& fill) {
+    ready_ahead();
+    if (bytes > lane_chunk_) throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
+    if (bytes == 0) return;
+    const int b = up_next_;
+    up_next_ ^= 1;
+    if (up_used_[b]) up_ev_[b].wait();
+    up_used_[b] = false;
+    fill(static_cast<void*>(up_[b].data()));
+    ZF_CUDA_TRY(cudaMemcpyAsync(dst, up_[b].data(), bytes, cudaMemcpyHostToDevice, up_stream_));
+    ZF_CUDA_TRY(cudaEventRecord(up_ev_[b].get(), up_stream_));
+    up_used_[b] = true;
+  }
+  // The job's last call: marks the end of its copies.
+  void ahead_done() {
+    ready_ahead();
+    ZF_CUDA_TRY(cudaEventRecord(up_done_.get(), up_stream_));
+    done_recorded_ = true;
+  }
+  // The training thread, at the boundary: the compute stream waits (on the device, the host
+  // goes on) for the last job's copies.
+  void await_ahead() {
+    ready_ahead();
+    if (done_recorded_) ZF_CUDA_TRY(cudaStreamWaitEvent(space_->stream(), up_done_.get(), 0));
+  }
+  // The training thread, after the launches that read the device area: the next job's copies
+  // wait for them.
+  void ahead_consumed() {
+    ready_ahead();
+    ZF_CUDA_TRY(cudaEventRecord(consumed_.get(), space_->stream()));
+    consumed_recorded_ = true;
+  }
+  void account_to_device(std::size_t bytes) noexcept { to_device_.fetch_add(bytes, std::memory_order_relaxed); }
 
   // Device -> host on the compute stream, complete on return.
   void to_host(void* dst, const void* src, std::size_t bytes) {
@@ -199,13 +273,19 @@ class cuda_pinned {
 
   std::uint64_t bytes_to_host() const noexcept { return to_host_.load(std::memory_order_relaxed); }
   std::uint64_t bytes_to_device() const noexcept { return to_device_.load(std::memory_order_relaxed); }
-  std::size_t pinned_bytes() const noexcept { return space_ ? 2 * chunk_ + std::size_t(lanes) * lane_chunk_ : 0; }
+  std::size_t pinned_bytes() const noexcept {
+    return space_ ? 2 * chunk_ + std::size_t(lanes + (ahead_ ? 2 : 0)) * lane_chunk_ : 0;
+  }
   // The pinned buffers of the offload lane: `lanes` of the lane piece each.
   static constexpr int lanes = 3;
 
  private:
   void ready() const {
     if (!space_) throw std::logic_error("zenflow: cuda_pinned used before reserve() (optimizer not initialised)");
+  }
+  void ready_ahead() const {
+    ready();
+    if (!ahead_) throw std::logic_error("zenflow: cuda_pinned: an upload ahead without upload_ahead(true)");
   }
   void wait_train(int b) {
     if (train_used_[b]) train_ev_[b].wait();
@@ -219,6 +299,14 @@ class cuda_pinned {
   bool train_used_[2] = {false, false};
   int next_ = 0;
   cudaStream_t copy_stream_ = nullptr;
+  // uploads ahead: two pinned buffers and a stream of their own; the job's end, and the compute
+  // stream's last read of the device area
+  bool ahead_ = false;
+  pinned_array<unsigned char> up_[2];
+  cuda_space::event up_ev_[2], up_done_, consumed_;
+  bool up_used_[2] = {false, false}, done_recorded_ = false, consumed_recorded_ = false;
+  int up_next_ = 0;
+  cudaStream_t up_stream_ = nullptr;
   std::atomic<std::uint64_t> to_host_{0}, to_device_{0};
 };
 

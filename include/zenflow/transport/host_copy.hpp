@@ -53,12 +53,33 @@ class host_copy {
                      [&](const void* piece, std::size_t off, std::size_t len) { consume(b, piece, off, len); });
   }
 
+  // Uploads ahead of the boundary (ahead_transport; off unless asked for before initialize():
+  // the optimizer then keeps a "device" area of the unselected params' bytes). Here the update
+  // lane's fill writes straight into that area and nothing needs ordering; the bytes count when
+  // the boundary applies them.
+  host_copy& upload_ahead(bool on) noexcept {
+    ahead_ = on;
+    return *this;
+  }
+  bool uploads_ahead() const noexcept { return ahead_; }
+  static constexpr std::size_t ahead_piece() noexcept { return std::size_t(-1); }
+  void ahead_begin() noexcept {}
+  template <class Fill>
+  void fill_ahead(void* dst, std::size_t bytes, Fill&& fill) {
+    if (bytes) fill(dst);
+  }
+  void ahead_done() noexcept {}
+  void await_ahead() noexcept {}
+  void ahead_consumed() noexcept {}
+  void account_to_device(std::size_t bytes) noexcept { to_device_.fetch_add(bytes, std::memory_order_relaxed); }
+
   std::uint64_t bytes_to_host() const noexcept { return to_host_.load(std::memory_order_relaxed); }
   std::uint64_t bytes_to_device() const noexcept { return to_device_.load(std::memory_order_relaxed); }
 
  private:
   // atomic: the offload lane moves gradients while the training thread uploads params
   std::atomic<std::uint64_t> to_host_{0}, to_device_{0};
+  bool ahead_ = false;
 };
 
 }  // namespace zenflow
