@@ -6,7 +6,7 @@
 // cores than R x threads the figures include that contention (say so when quoting them).
 //
 //   mpirun -np R data_parallel_pipeline [--layers N] [--hidden D] [--ffn F] [--steps M]
-//                                       [--threads T] [--compute-frac X] [--calib-s S]
+//                                       [--threads T] [--compute-frac X] [--calib-s S] [--upload-ahead]
 //
 // Compute time: X (default 0.5) times ZeRO-Offload's host update of the whole model in ONE
 // process with T threads — measured first by rank 0 alone (or given as --calib-s, so that runs
@@ -69,22 +69,23 @@ int main(int argc, char** argv) {
   const unsigned threads = unsigned(std::stoul(arg(argc, argv, "--threads", "1")));
   const double frac = std::stod(arg(argc, argv, "--compute-frac", "0.5"));
   double t_host = std::stod(arg(argc, argv, "--calib-s", "0"));
+  const bool ahead = flag(argc, argv, "--upload-ahead");  // ZenFlow uploads a host update's params ahead
   const model shape(layers, hidden, ffn);
   device_model::link_gbps = 25.0;
 
   // Calibration: one process's ZeRO-Offload host update (rank 0 alone; the others wait).
   if (t_host <= 0) {
-    if (rank == 0) t_host = run<zero_offload_one>(shape, zero_offload_config(threads), 0.0, 2, 4).host_update_s;
+    if (rank == 0) t_host = run<zero_offload_one>(shape, zero_offload_config(threads), 0.0, 2, 4, false).host_update_s;
     MPI_Bcast(&t_host, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   }
   const double compute = frac * t_host;
   const point p{0.1, 4, frac, 25.0, threads, "ranks"};
 
   MPI_Barrier(MPI_COMM_WORLD);
-  const result zo = run<zero_offload_dp>(shape, zero_offload_config(threads), compute, 2, std::max(4, steps / 4),
+  const result zo = run<zero_offload_dp>(shape, zero_offload_config(threads), compute, 2, std::max(4, steps / 4), false,
                                          zenflow::mpi_communicator(MPI_COMM_WORLD));
   MPI_Barrier(MPI_COMM_WORLD);
-  const result zf = run<zenflow_dp>(shape, zenflow_config(p, steps), compute, 16, steps,
+  const result zf = run<zenflow_dp>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
                                     zenflow::mpi_communicator(MPI_COMM_WORLD));
 
   const auto zf_step = gather(zf.step_s, R), zf_stall = gather(zf.stall_s, R), zf_host = gather(zf.host_update_s, R);
@@ -97,9 +98,10 @@ int main(int argc, char** argv) {
     std::printf("{\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
                 "model), a device per rank\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
                 "\"model_bytes\":%.0f,\"topk_ratio\":0.1,\"update_interval\":4,\"link_gbps\":25,"
-                "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g",
+                "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g,"
+                "\"upload_ahead\":%s",
                 R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
-                compute, frac);
+                compute, frac, ahead ? "true" : "false");
     print_array("zenflow_step_s", zf_step);
     print_array("zenflow_stall_s", zf_stall);
     print_array("zenflow_host_update_s", zf_host);

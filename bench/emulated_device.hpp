@@ -30,13 +30,15 @@ using clock_type = std::chrono::steady_clock;
 struct device_model {
   static inline double memory_gbps = 2000.0;  // device memory bandwidth for device-side passes
   static inline double link_gbps = 25.0;      // effective host<->device bandwidth per direction
-  static inline double link_latency_us = 10.0;
+  static inline double link_latency_us = 10.0;  // per copy (a DMA's set-up and completion)
+  static inline double launch_us = 5.0;         // per device-side launch (kernel launch and scheduling)
   // Seconds the emulated device spent on device-side work (not counting forward/backward).
   static inline std::atomic<std::uint64_t> device_ns{0};
   static inline std::atomic<std::uint64_t> link_ns[2] = {0, 0};  // modelled link time per direction
 
+  // One launch of device work moving `bytes` (read + written) through device memory.
   static void busy_device(double bytes) {
-    const double s = bytes / (memory_gbps * 1e9);
+    const double s = launch_us * 1e-6 + bytes / (memory_gbps * 1e9);
     device_ns += std::uint64_t(s * 1e9);
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
   }
@@ -118,6 +120,27 @@ class emulated_link {
     inner_.fill_to_device(dst, bytes, fill);
     occupy(1, t0, double(bytes));
   }
+  // Uploads ahead (opt-in, as cuda_pinned's): each piece, filled in place by the update lane's
+  // job, occupies the host -> device link on that job's thread (behind the next forward/backward,
+  // as a copy on an upload stream of its own would), in pieces of a GPU's 32 MiB.
+  emulated_link& upload_ahead(bool on) noexcept {
+    inner_.upload_ahead(on);
+    return *this;
+  }
+  bool uploads_ahead() const noexcept { return inner_.uploads_ahead(); }
+  static constexpr std::size_t ahead_piece() noexcept { return std::size_t(32) << 20; }
+  void ahead_begin() noexcept {}
+  template <class Fill>
+  void fill_ahead(void* dst, std::size_t bytes, Fill&& fill) {
+    const auto t0 = clock_type::now();
+    inner_.fill_ahead(dst, bytes, fill);
+    occupy(1, t0, double(bytes));
+  }
+  void ahead_done() noexcept {}
+  void await_ahead() noexcept {}
+  void ahead_consumed() noexcept {}
+  void account_to_device(std::size_t bytes) noexcept { inner_.account_to_device(bytes); }
+
   template <class Event, class Consume>
   void stream_to_host(const Event& ready, const void* src, std::size_t bytes, std::size_t chunk, Consume&& consume) {
     inner_.stream_to_host(ready, src, bytes, chunk, [&](const void* piece, std::size_t off, std::size_t len) {

@@ -11,12 +11,16 @@
 // compute time, link and host threads.
 //
 //   pipeline [--layers N] [--hidden D] [--ffn F] [--steps M] [--quick] [--out FILE]
-// M (default 64, a multiple of 8) is both the measured span and the select interval.
+//            [--sweeps NAME,...] [--launch-us L]
+// M (default 64, a multiple of 8) is both the measured span and the select interval. --sweeps
+// keeps only the named sweeps' points (base, topk_ratio, update_interval, compute, link,
+// host_threads, upload_ahead). L: the modelled latency of each device-side launch (default 5 us).
 #include <sys/prctl.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -54,6 +58,8 @@ int main(int argc, char** argv) {
   const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", quick ? "1376" : "5504"));
   const int steps = std::stoi(arg(argc, argv, "--steps", quick ? "8" : "64"));  // a multiple of 8
   const std::string out_path = arg(argc, argv, "--out", "");
+  const std::string sweeps = arg(argc, argv, "--sweeps", "");
+  device_model::launch_us = std::stod(arg(argc, argv, "--launch-us", "5"));
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "pipeline: cannot open %s\n", out_path.c_str());
@@ -68,21 +74,25 @@ int main(int argc, char** argv) {
   // paper's regime is a forward/backward shorter than that; compute times are given as
   // fractions of it.
   device_model::link_gbps = 25.0;
-  const result calib = run<zero_offload_opt>(shape, zero_offload_config(0), 0.0, 2, 4);
+  const result calib = run<zero_offload_opt>(shape, zero_offload_config(0), 0.0, 2, 4, false);
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
 
   std::vector<point> points = sweep_points(cores, true);
   if (quick) points.resize(2);
+  if (!sweeps.empty())
+    points.erase(std::remove_if(points.begin(), points.end(),
+                                [&](const point& p) { return ("," + sweeps + ",").find("," + std::string(p.sweep) + ",") == std::string::npos; }),
+                 points.end());
 
   std::map<std::tuple<double, double, unsigned>, result> zo_cache;
   for (const point& p : points) {
     device_model::link_gbps = p.gbps;
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.gbps, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zero_offload_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6);
+    if (!zo_cache.count(key)) zo_cache[key] = run<zero_offload_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, false);
     const result& zo = zo_cache[key];
-    const result zf = run<zenflow_opt>(shape, zenflow_config(p, steps), compute, 16, steps);
+    const result zf = run<zenflow_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead);
     print_line(out, "emulated (host space; sleep for compute, link model)", p, shape, compute, p.gbps,
                device_model::link_latency_us, cores, zf, zo);
   }

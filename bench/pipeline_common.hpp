@@ -79,6 +79,7 @@ struct point {
   double gbps;          // link bandwidth (emulated only; a GPU has its own)
   unsigned threads;
   const char* sweep;
+  bool upload_ahead = false;  // ZenFlow's transport uploads a host update's params ahead of its boundary
 };
 
 inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
@@ -90,6 +91,9 @@ inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
   if (link_sweep)
     for (double g : {12.0, 50.0}) points.push_back({0.1, 4, 0.5, g, 0, "link"});
   if (cores > 1) points.push_back({0.1, 4, 0.5, 25.0, 1, "host_threads"});
+  // the base point and the lowest compute ratio again, with uploads ahead
+  points.push_back({0.1, 4, 0.5, 25.0, 0, "upload_ahead", true});
+  points.push_back({0.1, 4, 0.25, 25.0, 0, "upload_ahead", true});
   return points;
 }
 
@@ -113,14 +117,14 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                "{\"bench\":\"pipeline\",\"device\":\"%s\","
                "\"sweep\":\"%s\",\"params\":%zu,\"model_bytes\":%.0f,\"topk_ratio\":%g,\"update_interval\":%u,"
                "\"compute_s\":%.5f,\"compute_over_host_update\":%g,\"link_gbps\":%g,\"link_latency_us\":%g,"
-               "\"host_threads\":%g,\"cores\":%u,"
+               "\"host_threads\":%g,\"cores\":%u,\"upload_ahead\":%s,"
                "\"zenflow\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
                "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
                "\"speedup\":%.3f,\"stall_reduction\":%.4f}\n",
                device, p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac, link_gbps, latency_us,
-               threads_used, cores, zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
+               threads_used, cores, p.upload_ahead ? "true" : "false", zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
                zf.h2d_bytes, (zf.d2h_bytes + zf.h2d_bytes) / model_bytes, zf.link_model_s[0], zf.link_model_s[1],
                zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s, zo.d2h_bytes, zo.h2d_bytes,
                (zo.d2h_bytes + zo.h2d_bytes) / model_bytes, zo.link_model_s[0], zo.link_model_s[1],

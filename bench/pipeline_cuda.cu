@@ -55,7 +55,8 @@ struct gpu_model {
 };
 
 template <class Opt>
-result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps, cudaStream_t s) {
+result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps, bool ahead,
+           cudaStream_t s) {
   gpu_model gm;
   bool is_grad = false;
   std::size_t rows_hint = 0;
@@ -64,6 +65,7 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   for (auto n : shape.vecs) rows_of.push_back(n), rows_of.push_back(n);
   std::size_t k = 0;
   Opt opt(cfg);
+  if (ahead) opt.transport().upload_ahead(true);
   shape.register_with(opt, [&](std::size_t n, float v) {
     gm.buffers.emplace_back(n);
     const std::uint16_t bits = zenflow::to_bfloat16(v).bits;
@@ -141,7 +143,7 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "model: %.1fM params (bf16); %s; %u host cores\n", double(shape.params) / 1e6, prop.name, cores);
   using zf_opt = zenflow::optimizer<zenflow::cuda_space>;
   using zo_opt = zenflow::zero_offload<zenflow::cuda_space>;
-  const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, s);
+  const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, false, s);
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
   std::vector<point> points = sweep_points(cores, false);
@@ -150,8 +152,8 @@ int main(int argc, char** argv) try {
   for (const point& p : points) {
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, s);
-    const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, s);
+    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, false, s);
+    const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead, s);
     print_line(out, device.c_str(), p, shape, compute, 0.0, 0.0, cores, zf, zo_cache[key]);
   }
   ZF_CUDA_TRY(cudaStreamDestroy(s));

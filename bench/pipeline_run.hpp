@@ -19,11 +19,14 @@ namespace zf_bench {
 
 // Runs `warm` steps, then measures `steps` steps: each is forward/backward (the device busy for
 // compute_s) followed by opt.step(). Device idle = step time - compute - modelled device work.
-// The optimizer is made from cfg and `extra` (a communicator, say).
+// The optimizer is made from cfg and `extra` (a communicator, say); `ahead`: its transport
+// uploads a host update's params ahead of the boundary.
 template <class Opt, class... Extra>
-result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps, Extra&&... extra) {
+result run(const model& shape, const zenflow::config& cfg, double compute_s, int warm, int steps, bool ahead,
+           Extra&&... extra) {
   std::vector<std::unique_ptr<zenflow::bfloat16[]>> storage;
   Opt opt(cfg, std::forward<Extra>(extra)...);
+  if (ahead) opt.transport().upload_ahead(true);
   shape.register_with(opt, [&](std::size_t n, float v) {
     storage.emplace_back(new zenflow::bfloat16[n]);
     for (std::size_t i = 0; i < n; ++i) storage.back()[i] = zenflow::bfloat16(v);
