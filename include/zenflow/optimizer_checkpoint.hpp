@@ -103,23 +103,41 @@ struct optimizer_checkpoint {
     r.done();
     return s;
   }
-  // The highest generation N among the regular files dir/base.gN.rank* (0 if none, or if the
-  // directory cannot be listed).
-  static std::uint64_t highest_generation(const std::string& dir, const std::string& base) {
-    std::uint64_t high = 0;
+  // The regular files dir/base.gN.rankR-of-M (R, M: digits; none if the directory cannot be listed).
+  struct shard_file {
+    std::uint64_t generation;
+    std::uint64_t rank;
+    std::string path;
+  };
+  static std::vector<shard_file> shard_files(const std::string& dir, const std::string& base) {
+    std::vector<shard_file> out;
     std::error_code ec;
     const std::string prefix = base + ".g";
+    auto number = [](const std::string& s, std::size_t& k, std::uint64_t& v) {
+      const std::size_t k0 = k;
+      for (v = 0; k < s.size() && s[k] >= '0' && s[k] <= '9' && v < (std::uint64_t(1) << 59); ++k)
+        v = v * 10 + std::uint64_t(s[k] - '0');
+      return k > k0;
+    };
     for (std::filesystem::directory_iterator it(dir.empty() ? std::string(".") : dir, ec), end; !ec && it != end;
          it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
       std::size_t k = prefix.size();
-      std::uint64_t g = 0;
-      bool digits = false;
-      for (; k < name.size() && name[k] >= '0' && name[k] <= '9' && g < (std::uint64_t(1) << 59); ++k, digits = true)
-        g = g * 10 + std::uint64_t(name[k] - '0');
-      if (digits && name.compare(k, 5, ".rank") == 0 && it->is_regular_file(ec)) high = std::max(high, g);
+      std::uint64_t g = 0, r = 0, m = 0;
+      if (!number(name, k, g) || name.compare(k, 5, ".rank") != 0) continue;
+      k += 5;
+      if (!number(name, k, r) || name.compare(k, 4, "-of-") != 0) continue;
+      k += 4;
+      if (!number(name, k, m) || k != name.size() || !it->is_regular_file(ec)) continue;
+      out.push_back({g, r, dir + name});
     }
+    return out;
+  }
+  // The highest generation N among the shard files of base in dir (0 if none).
+  static std::uint64_t highest_generation(const std::string& dir, const std::string& base) {
+    std::uint64_t high = 0;
+    for (const shard_file& f : shard_files(dir, base)) high = std::max(high, f.generation);
     return high;
   }
   // The set a manifest at `path` names, if `path` is a readable manifest (else nothing).
@@ -158,17 +176,13 @@ struct optimizer_checkpoint {
     auto& comm = o.comm_;
     const int R = comm.size(), rank = comm.rank();
     std::vector<std::size_t> counts(std::size_t(R), 0);
-    // rank 0 tells every rank the new generation and the previous set's (generation, R); the new
-    // generation is above every shard file of this base in the directory too, so that a set whose
-    // manifest cannot be read (damaged, or an I/O error) never has its shards overwritten
-    std::uint64_t gen[3] = {1, 0, 0};
+    // rank 0 tells every rank the new generation: above the previous set's and above every shard
+    // file of this base in the directory, so that a set whose manifest cannot be read (damaged,
+    // or an I/O error) never has its shards overwritten
+    std::uint64_t gen[1] = {1};
     if (rank == 0) {
       gen[0] = highest_generation(dir_of(path), base_of(path)) + 1;
-      if (const auto old = set_at(path)) {
-        gen[0] = std::max(gen[0], old->generation + 1);
-        gen[1] = old->generation;
-        gen[2] = old->ranks;
-      }
+      if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
     }
     counts[0] = sizeof gen;
     o.all_gather_host(gen, counts.data());
@@ -199,14 +213,14 @@ struct optimizer_checkpoint {
       }
     }
     if (!comm.all_agree(!failed)) give_up("the manifest");
-    // <path> names the new set: the previous one's shards go (rank 0 also removes those of ranks
-    // beyond R, if the previous set had more)
-    if (gen[1] != 0) {
-      const int old_r = int(gen[2]);
-      if (rank < old_r) std::remove(shard_path(dir, base, gen[1], rank, old_r).c_str());
-      if (rank == 0)
-        for (int r = R; r < old_r; ++r) std::remove(shard_path(dir, base, gen[1], r, old_r).c_str());
-    }
+    // <path> names the new set: every older shard of this base goes — the previous set's, and
+    // any that a save interrupted after its manifest was written (a rank killed while removing
+    // the previous set's shards) left behind. Each rank removes the files of its rank number, rank
+    // 0 also those of ranks beyond R (a previous set of more ranks), so that ranks on file systems
+    // of their own clean up theirs.
+    for (const shard_file& f : shard_files(dir, base))
+      if (f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R))))
+        std::remove(f.path.c_str());
   }
 
   // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
