@@ -55,7 +55,8 @@ struct optimizer_stats {
   // (a transport's upload_ahead(true)); since this optimizer was made (not carried by checkpoints).
   std::uint64_t bytes_uploaded_ahead = 0;
   double stall_seconds = 0;         // time step() waited for host work
-  double host_update_seconds = 0;   // time spent in host updates (foreground or background)
+  double host_update_seconds = 0;   // time spent in host updates (foreground or background; with uploads
+                                    // ahead, their rounding and copies too)
   // Memory the optimizer holds, by kind (element counts times sizes; 0 before initialize()).
   std::uint64_t host_pageable_bytes = 0;
   std::uint64_t host_pinned_bytes = 0;  // page-locked staging (none on the host space)
