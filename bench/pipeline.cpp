@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -80,10 +79,7 @@ int main(int argc, char** argv) {
 
   std::vector<point> points = sweep_points(cores, true);
   if (quick) points.resize(2);
-  if (!sweeps.empty())
-    points.erase(std::remove_if(points.begin(), points.end(),
-                                [&](const point& p) { return ("," + sweeps + ",").find("," + std::string(p.sweep) + ",") == std::string::npos; }),
-                 points.end());
+  keep_sweeps(points, sweeps);
 
   std::map<std::tuple<double, double, unsigned>, result> zo_cache;
   for (const point& p : points) {

@@ -97,6 +97,15 @@ inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
   return points;
 }
 
+// Only the points of the named sweeps ("base,upload_ahead"; empty: all of them).
+inline void keep_sweeps(std::vector<point>& points, const std::string& names) {
+  if (names.empty()) return;
+  std::vector<point> kept;
+  for (const point& p : points)
+    if (("," + names + ",").find("," + std::string(p.sweep) + ",") != std::string::npos) kept.push_back(p);
+  points = kept;
+}
+
 // ZenFlow's config at a point; the measured span (one select interval of `steps`) holds one
 // reselection.
 inline zenflow::config zenflow_config(const point& p, int steps) {

@@ -9,6 +9,7 @@
 // kernels and copies (charged to both optimizers alike).
 //
 //   pipeline_cuda [--layers N] [--hidden D] [--ffn F] [--steps M] [--quick] [--out FILE]
+//                 [--sweeps NAME,...]   (only those sweeps' points, as in bench/pipeline)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -148,6 +149,7 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
   std::vector<point> points = sweep_points(cores, false);
   if (quick) points.resize(2);
+  keep_sweeps(points, arg(argc, argv, "--sweeps", ""));
   std::map<std::tuple<double, unsigned>, result> zo_cache;
   for (const point& p : points) {
     const double compute = p.compute_frac * t_host;

@@ -133,10 +133,12 @@ __device__ __forceinline__ void contiguous_sums(const G* __restrict__ col, std::
 // gradient_pass's shared memory (declared once in the kernel: each instantiation of the typed
 // body would otherwise reserve its own).
 struct gradient_shared {
-  double lane_a[32][33], lane_q[32][33];
+  double lane_a[32][33], lane_q[32][33];  // (lane_a is the last block's fold space afterwards)
   int lane_bad[32];
   double col_q[32];
   int col_bad[32];
+  unsigned last;  // is this block the launch's last to finish?
+  int fold_bad;
 };
 
 // The body of gradient_pass for one gradient type (the segment's, dispatched once per block).
@@ -229,28 +231,12 @@ __device__ __forceinline__ void gradient_group(const grad_segment& s, std::uint6
   }
 }
 
-// One block per 32-column group, 256 threads (8 warps).
-template <int = 0>
-__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, double* partials,
-                                                     unsigned char* group_bad) {
-  const std::uint64_t g = blockIdx.x;
-  __shared__ gradient_shared sh;
-  const grad_segment s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
-  switch (s.type) {
-    case dtype::bf16: return gradient_group<bfloat16>(s, g, partials, group_bad, sh);
-    case dtype::f16: return gradient_group<float16>(s, g, partials, group_bad, sh);
-    default: return gradient_group<float>(s, g, partials, group_bad, sh);
-  }
-}
-
-// canonical_total of functors.hpp: one block of total_lanes threads. Each thread's entries are
-// loaded several at a time and added in order.
-template <int = 0>
-__global__ void __launch_bounds__(256) fold_partials(const double* __restrict__ partials,
-                                                     const unsigned char* __restrict__ group_bad, std::uint64_t n,
-                                                     grad_totals* out) {
-  __shared__ double v[device::total_lanes];
-  __shared__ int bad;
+// canonical_total of functors.hpp by one block of total_lanes threads, into out: each thread's
+// entries are loaded several at a time and added in order, then the lane sums combined by the
+// tree. The entries were written by other blocks of the same launch: they are read through L2
+// (__ldcg), never through the non-coherent read-only path.
+__device__ __forceinline__ void fold_partials(const double* partials, const unsigned char* group_bad,
+                                              std::uint64_t n, double* v, int& bad, grad_totals* out) {
   constexpr unsigned U = 8;
   constexpr std::uint64_t stride = device::total_lanes;
   const unsigned j = threadIdx.x;
@@ -262,8 +248,8 @@ __global__ void __launch_bounds__(256) fold_partials(const double* __restrict__ 
     unsigned char f[U];
 #pragma unroll
     for (unsigned u = 0; u < U; ++u) {
-      p[u] = partials[e + u * stride];
-      f[u] = group_bad[e + u * stride];
+      p[u] = __ldcg(partials + e + u * stride);
+      f[u] = __ldcg(group_bad + e + u * stride);
     }
 #pragma unroll
     for (unsigned u = 0; u < U; ++u) {
@@ -272,8 +258,8 @@ __global__ void __launch_bounds__(256) fold_partials(const double* __restrict__ 
     }
   }
   for (; e < n; e += stride) {
-    s = s + partials[e];
-    b |= group_bad[e];
+    s = s + __ldcg(partials + e);
+    b |= __ldcg(group_bad + e);
   }
   if (j == 0) bad = 0;
   v[j] = s;
@@ -288,6 +274,31 @@ __global__ void __launch_bounds__(256) fold_partials(const double* __restrict__ 
     out->sumsq = v[0];
     out->bad = bad;
   }
+}
+
+// One block per 32-column group, 256 threads (8 warps) = total_lanes. The fold is in the same
+// launch: each block, once its group's partial is written, fences and takes a ticket; the block
+// that takes the last one folds every partial into `out` and resets the ticket counter `done`
+// for the next launch (stream-ordered after this one).
+template <int = 0>
+__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, double* partials,
+                                                     unsigned char* group_bad, unsigned* done, grad_totals* out) {
+  static_assert(device::total_lanes == 256, "the fold needs a thread per lane");
+  const std::uint64_t g = blockIdx.x;
+  __shared__ gradient_shared sh;
+  const grad_segment s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
+  switch (s.type) {
+    case dtype::bf16: gradient_group<bfloat16>(s, g, partials, group_bad, sh); break;
+    case dtype::f16: gradient_group<float16>(s, g, partials, group_bad, sh); break;
+    default: gradient_group<float>(s, g, partials, group_bad, sh); break;
+  }
+  __threadfence();  // (thread 0 wrote this group's partial and flag) visible device-wide first
+  if (threadIdx.x == 0) sh.last = atomicAdd(done, 1u) == gridDim.x - 1 ? 1u : 0u;
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  fold_partials(partials, group_bad, gridDim.x, &sh.lane_a[0][0], sh.fold_bad, out);
+  if (threadIdx.x == 0) *done = 0u;
 }
 
 template <int = 0>
@@ -474,6 +485,11 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     grad_segs_ = buffer<cuda_kernels::grad_segment>(gsegs.size());
     upload(grad_segs_.data(), gsegs.data(), gsegs.size() * sizeof(gsegs[0]));
     totals_ = buffer<cuda_kernels::grad_totals>(1);
+    pass_done_ = buffer<unsigned>(1);
+    {
+      const unsigned zero = 0;  // the gradient pass's ticket counter starts (and ends each launch) at 0
+      upload(pass_done_.data(), &zero, sizeof zero);
+    }
     totals_host_ = pinned_array<cuda_kernels::grad_totals>(1);
     // per-step tables (rebuilt on the host each step, uploaded from pinned memory)
     upd_segs_ = buffer<cuda_kernels::update_segment>(matrices_.size() + vectors_.size());
@@ -526,18 +542,16 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       });
   }
 
-  // The gradient pass's two kernels, enqueued on the space's stream (no wait): the per-column
-  // scores and flags, and the 16-byte summary in device memory.
+  // The gradient pass, enqueued on the space's stream (no wait): one launch writes the per-column
+  // scores and flags, and its last block the 16-byte summary, in device memory.
   void enqueue_gradient_pass(cuda_space& space) {
     stream_ = space.stream();
     scores_valid_[0] = scores_valid_[1] = false;
     if (groups_ == 0) return;
     cuda_kernels::gradient_pass<<<unsigned(groups_), 256, 0, stream_>>>(
-        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data());
+        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data(),
+        pass_done_.data(), totals_.data());
     ZF_CUDA_CHECK_LAUNCH("gradient_pass");
-    cuda_kernels::fold_partials<<<1, device::total_lanes, 0, stream_>>>(partials_.data(), group_bad_.data(), groups_,
-                                                                       totals_.data());
-    ZF_CUDA_CHECK_LAUNCH("fold_partials");
   }
 
   grad_summary gradient_pass(cuda_space& space) {
@@ -672,7 +686,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     for (const auto& s : matrices_) b += s.slot_bytes() + sizeof(adamw_coeffs) * s.coeffs.size();
     for (const auto& v : vectors_) b += v.state_bytes();
     b += 8 * (l1_.size() + sumsq_.size() + partials_.size()) + bad_.size() + group_bad_.size();
-    b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(cuda_kernels::grad_totals) * totals_.size();
+    b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(cuda_kernels::grad_totals) * totals_.size() +
+         4 * pass_done_.size();
     b += sizeof(cuda_kernels::update_segment) * upd_segs_.size() + sizeof(cuda_kernels::coeff_segment) * coeff_segs_.size();
     b += 8 * (offsets_.size() + keys_out_.size() + chosen_n_.size()) +
          4 * (ks_.size() + local_.size() + sorted_.size() + chosen_.size()) + flags_.size() + temp_.size();
@@ -695,6 +710,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   buffer<unsigned char> bad_, group_bad_;
   buffer<cuda_kernels::grad_segment> grad_segs_;
   buffer<cuda_kernels::grad_totals> totals_;
+  buffer<unsigned> pass_done_;
   pinned_array<cuda_kernels::grad_totals> totals_host_;
   cuda_space::event summary_ready_;  // the 16-byte summary has reached totals_host_
   buffer<cuda_kernels::update_segment> upd_segs_;
