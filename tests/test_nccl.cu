@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <zenflow/cuda.hpp>
@@ -212,7 +213,7 @@ run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, in
 // R ranks, each on its GPU and its own stream; steps [0, steps), with a checkpoint written by
 // every rank after step `save_at` (when >= 0) at `path`.
 std::vector<run_out> nccl_run(const gradient_source& src, reduce_op op, bool overlap, int R, int steps,
-                              int save_at = -1, const std::string& path = {}) {
+                              int save_at = -1, const std::string& path = {}, bool ahead = false) {
   comms cs(R);
   std::vector<run_out> out(static_cast<std::size_t>(R));
   on_ranks(R, [&](int r) {
@@ -221,6 +222,7 @@ std::vector<run_out> nccl_run(const gradient_source& src, reduce_op op, bool ove
     {
       model m(true);
       nccl_optimizer opt(test_config(op, overlap), nccl_communicator(cs.c[std::size_t(r)]));
+      opt.transport().upload_ahead(ahead);
       m.add_to(opt);
       opt.initialize(stream);
       for (int s = 0; s < steps; ++s) {
@@ -314,13 +316,17 @@ TEST_CASE("nccl: R ranks on cuda_space equal one host-space process fed the redu
   const int steps = 13;  // selections at 1, 5, 9, 13 (3, 7, 11 after warm-up); boundaries every 2
   for (int R : rank_counts()) {
     for (reduce_op op : {reduce_op::mean, reduce_op::sum}) {
-      for (bool overlap : {false, true}) {
+      for (auto [overlap, ahead] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
         CAPTURE(R);
         CAPTURE(int(op));
         CAPTURE(overlap);
+        CAPTURE(ahead);  // (each rank's host updates uploaded ahead, gathered at the boundary)
         const gradient_source src;
-        const auto dp = nccl_run(src, op, overlap, R, steps);
+        const auto dp = nccl_run(src, op, overlap, R, steps, -1, {}, ahead);
         const auto ref = reference_run(src, op, overlap, R, steps);
+        std::uint64_t uploaded_ahead = 0;
+        for (const auto& x : dp) uploaded_ahead += x.stats.bytes_uploaded_ahead;
+        CHECK((uploaded_ahead > 0) == ahead);
         for (int r = 0; r < R; ++r) {
           const run_out& x = dp[std::size_t(r)];
           CHECK(x.state == ref.state);
