@@ -4,7 +4,10 @@
 //   for R in 1 2 4; do mpirun -np $R build/bench/data_parallel; done
 // The model: --matrices square bf16 matrices (params and grads) of --dim rows and columns, one
 // vector; ZenFlow's defaults but for topk_ratio 0.1, U = 4, S = 8, synchronous host updates (so
-// that the host-update time is the update's own, not overlapped).
+// that the host-update time is the update's own, not overlapped). Each run trains twice, side by
+// side: the matrices' gradients reduce-scattered (mpi_communicator: each rank gets its block's
+// reduced gradient, the rest from the column statistics and the selected columns gathered) and
+// all-reduced (mpi_allreduce_communicator), one JSON line each.
 #include <mpi.h>
 
 #include <algorithm>
@@ -21,19 +24,8 @@
 
 using namespace zenflow;
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  std::size_t dim = 1024, nmat = 8;
-  int steps = 32;
-  unsigned threads = 1;
-  for (int a = 1; a + 1 < argc; a += 2) {
-    const std::string k = argv[a];
-    const unsigned long v = std::strtoul(argv[a + 1], nullptr, 10);
-    if (k == "--dim") dim = v;
-    else if (k == "--matrices") nmat = v;
-    else if (k == "--steps") steps = int(v);
-    else if (k == "--threads") threads = unsigned(v);
-  }
+template <class Comm>
+void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, unsigned threads) {
   int rank = 0, R = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &R);
@@ -45,8 +37,8 @@ int main(int argc, char** argv) {
     cfg.overlap_step = false;
     cfg.host_threads = threads;
     using dp = optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
-                         mpi_communicator>;
-    dp opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+                         Comm>;
+    dp opt(cfg, Comm(MPI_COMM_WORLD));
     std::vector<std::vector<bfloat16>> w(nmat, std::vector<bfloat16>(dim * dim)), g(nmat, std::vector<bfloat16>(dim * dim));
     std::vector<float> b(dim, 0.0f), gb(dim);
     for (std::size_t m = 0; m < nmat; ++m) {
@@ -78,16 +70,18 @@ int main(int argc, char** argv) {
                            double(st.bytes_reduced) * per_step,
                            double(st.bytes_gathered) * per_step,
                            double(st.host_pageable_bytes),
-                           step_s[step_s.size() / 2]};
+                           step_s[step_s.size() / 2],
+                           st.reduce_seconds * per_step};
     constexpr int nf = int(sizeof mine / sizeof mine[0]);
     std::vector<double> all(std::size_t(R) * nf);
     MPI_Gather(mine, nf, MPI_DOUBLE, all.data(), nf, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank == 0) {
       const char* names[nf] = {"host_update_s",         "bytes_to_host_per_step", "bytes_to_device_per_step",
                                "bytes_reduced_per_step", "bytes_gathered_per_step", "host_pageable_bytes",
-                               "median_step_s"};
-      std::printf("{\"bench\":\"data_parallel\",\"ranks\":%d,\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u", R,
-                  nmat * dim * dim + dim, steps, threads);
+                               "median_step_s",          "reduce_s_per_step"};
+      std::printf("{\"bench\":\"data_parallel\",\"reduction\":\"%s\",\"ranks\":%d,\"params\":%zu,\"steps\":%d,"
+                  "\"threads_per_rank\":%u",
+                  reduction, R, nmat * dim * dim + dim, steps, threads);
       for (int f = 0; f < nf; ++f) {
         std::printf(",\"%s\":[", names[f]);
         for (int r = 0; r < R; ++r) std::printf("%s%.6g", r ? "," : "", all[std::size_t(r) * nf + std::size_t(f)]);
@@ -96,6 +90,23 @@ int main(int argc, char** argv) {
       std::printf("}\n");
     }
   }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  std::size_t dim = 1024, nmat = 8;
+  int steps = 32;
+  unsigned threads = 1;
+  for (int a = 1; a + 1 < argc; a += 2) {
+    const std::string k = argv[a];
+    const unsigned long v = std::strtoul(argv[a + 1], nullptr, 10);
+    if (k == "--dim") dim = v;
+    else if (k == "--matrices") nmat = v;
+    else if (k == "--steps") steps = int(v);
+    else if (k == "--threads") threads = unsigned(v);
+  }
+  run<mpi_allreduce_communicator>("all_reduce", dim, nmat, steps, threads);
+  run<mpi_communicator>("reduce_scatter", dim, nmat, steps, threads);
   MPI_Finalize();
   return 0;
 }

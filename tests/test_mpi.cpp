@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -25,6 +26,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -174,7 +176,15 @@ struct run_out {
   std::vector<unsigned char> state;
   std::vector<bool> skipped;
   optimizer_stats stats;
+  // per applied step, the grad bytes of the selected columns in this rank's blocks (what it
+  // sends each other rank for the replicated device update)
+  std::uint64_t own_selected_bytes = 0;
 };
+
+// This rank's block of a matrix's columns.
+std::pair<std::size_t, std::size_t> own_block(std::size_t cols) {
+  return {detail::shard_begin(cols, ranks(), my_rank()), detail::shard_begin(cols, ranks(), my_rank() + 1)};
+}
 
 // The bit-exactness runs' configs: with overlap or not; the sum variants also with two warm-up
 // steps (every column through the host, then gathered) and moments reset at reselection.
@@ -206,6 +216,12 @@ run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap
   for (int s = 0; s < steps; ++s) {
     src.local_grads(m, s);
     out.skipped.push_back(opt.step().skipped);
+    if (out.skipped.back()) continue;
+    for (auto [k, rows_, cols_, es] : {std::tuple{0, R0, C0, 2}, std::tuple{1, R1, C1, 4}}) {
+      const auto [c0, c1] = own_block(cols_);
+      for (std::uint32_t c : opt.selected_columns(matrix_id{std::size_t(k)}))
+        if (c >= c0 && c < c1) out.own_selected_bytes += std::uint64_t(rows_) * std::uint64_t(es);
+    }
   }
   out.synced = synced_params(opt);
   out.state = state_of(opt, m);
@@ -274,11 +290,22 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       // What a rank uploads (its blocks' params after a host update, its joining columns' state)
       // it then sends to each of the others: nothing else crosses to the device during steps.
       CHECK(dp.stats.bytes_gathered == std::uint64_t(ranks() - 1) * dp.stats.bytes_to_device);
-      // what this rank sent: per step, the others' pieces of the gradient and its own shard to
-      // each of the others (4 bytes an element)
-      const std::size_t n = n_all, R = std::size_t(ranks());
-      const std::size_t mine = detail::shard_begin(n, ranks(), my_rank() + 1) - detail::shard_begin(n, ranks(), my_rank());
-      CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * 4 * ((n - mine) + mine * (R - 1)));
+      // What this rank sent to agree on the gradient. Every step: the matrices' gradients
+      // reduce-scattered by column blocks (the others' blocks, 4 bytes an element), the vector
+      // all-reduced (the others' pieces of it, then its own shard to each of the others) and its
+      // blocks' column statistics to each of the others (17 bytes a column). Every applied step:
+      // its blocks' selected columns' reduced gradients to each of the others (grad dtype).
+      const std::uint64_t R = std::uint64_t(ranks());
+      std::uint64_t per_step = 0;
+      for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {
+        const auto [c0, c1] = own_block(cols_);
+        per_step += 4 * rows_ * (cols_ - (c1 - c0)) + 17 * (R - 1) * (c1 - c0);
+      }
+      const std::size_t mine = detail::shard_begin(N2, ranks(), my_rank() + 1) - detail::shard_begin(N2, ranks(), my_rank());
+      per_step += 4 * ((N2 - mine) + mine * (R - 1));
+      CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * per_step + (R - 1) * dp.own_selected_bytes);
+      // and less than the all-reduce of every gradient would send (2 (R - 1) / R of it)
+      if (R > 1) CHECK(dp.stats.bytes_reduced < std::uint64_t(steps) * 4 * 2 * (R - 1) * n_all / R);
       // the reduction's time is counted when there is one (a clock that advanced over 13
       // reductions), never in one process
       CHECK(dp.stats.reduce_seconds > 0);
@@ -459,6 +486,117 @@ TEST_CASE("data parallel: a communicator on the space's device memory (staged co
     CHECK(resume(plain, p, path, src, k, n) == reference_state(src, cfg, k, n, true));
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient, with the same state") {
+  // The other reduction: every grad buffer replaced by the whole reduced gradient (checked after
+  // every step against the reference's), each rank sending the others' pieces of every gradient
+  // and its own shard to each of the others (2 (R - 1) / R of the fp32 gradient); the state as
+  // one process fed the reduced gradient, bit for bit.
+  const gradient_source src;
+  const int n = 13;
+  const config cfg = variant(reduce_op::mean, true);
+  model m, reduced;
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+            mpi_allreduce_communicator>
+      opt(cfg, mpi_allreduce_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  opt.initialize();
+  for (int s = 0; s < n; ++s) {
+    src.local_grads(m, s);
+    src.reduced_grads(reduced, s, cfg.gradient_reduction);
+    opt.step();
+    CHECK(std::memcmp(m.g0.data(), reduced.g0.data(), 2 * R0 * C0) == 0);
+    CHECK(std::memcmp(m.g1.data(), reduced.g1.data(), 4 * R1 * C1) == 0);
+    CHECK(std::memcmp(m.g2.data(), reduced.g2.data(), 2 * N2) == 0);
+  }
+  CHECK(state_of(opt, m) == reference_run(src, reduce_op::mean, true, n).state);
+  const std::size_t R = std::size_t(ranks());
+  const std::size_t mine = detail::shard_begin(n_all, ranks(), my_rank() + 1) - detail::shard_begin(n_all, ranks(), my_rank());
+  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * 4 * ((n_all - mine) + mine * (R - 1)));
+}
+
+// Reduction rounds of 16 elements: shorter than a row of either matrix (40 and 24 columns), so
+// the reduce-scatter splits rows into column ranges across rounds, and the vector (20) spans two.
+struct short_round_mpi : mpi_communicator {
+  static constexpr std::size_t reduce_round = 16;
+  using mpi_communicator::mpi_communicator;
+};
+
+TEST_CASE("data parallel: gradients reduce-scattered in rounds shorter than a row give the same bits") {
+  // (mean and sum, the sum with warm-up steps; and Zen-auto's boundaries, decided from every
+  // column's L1 — the gathered statistics)
+  const gradient_source src;
+  const int n = 13;
+  for (int v = 0; v < 3; ++v) {
+    CAPTURE(v);
+    const reduce_op op = v == 1 ? reduce_op::sum : reduce_op::mean;
+    config cfg = variant(op, true);
+    cfg.gradient_reduction = op;
+    if (v == 2) cfg.update_interval = interval::auto_();
+    model m, r;
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+              short_round_mpi>
+        opt(cfg, short_round_mpi(MPI_COMM_WORLD));
+    optimizer<> ref(cfg);
+    m.add_to(opt);
+    r.add_to(ref);
+    opt.initialize();
+    ref.initialize();
+    std::vector<bool> boundaries, ref_boundaries;
+    for (int s = 0; s < n; ++s) {
+      src.local_grads(m, s);
+      src.reduced_grads(r, s, op);
+      boundaries.push_back(opt.step().boundary);
+      ref_boundaries.push_back(ref.step().boundary);
+    }
+    CHECK(boundaries == ref_boundaries);
+    CHECK(state_of(opt, m) == state_of(ref, r));
+    CHECK(opt.stats().host_pageable_bytes < ref.stats().host_pageable_bytes + 4 * n_all);  // the buffer is a round
+  }
+}
+
+TEST_CASE("data parallel: after step() the grad buffers hold the reduced gradient where this rank used it") {
+  // Documented: the vectors' gradients, the columns of this rank's blocks and the selected
+  // columns hold the reduced gradient (rounded to the grad dtype); the other columns keep this
+  // rank's own gradient (they were never sent back to it).
+  const gradient_source src;
+  config cfg = test_config(false);
+  model m, reduced, own;
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  opt.initialize();
+  for (int s = 0; s < 6; ++s) {
+    src.local_grads(m, s);
+    src.local_grads(own, s);
+    src.reduced_grads(reduced, s, cfg.gradient_reduction);
+    const step_info info = opt.step();
+    REQUIRE_FALSE(info.skipped);
+    CHECK(std::memcmp(m.g2.data(), reduced.g2.data(), 2 * N2) == 0);
+    std::size_t used_other = 0, kept = 0;
+    for (auto [k, rows_, cols_] : {std::tuple{0, R0, C0}, std::tuple{1, R1, C1}}) {
+      const auto [c0, c1] = own_block(cols_);
+      const auto sel = opt.selected_columns(matrix_id{std::size_t(k)});
+      for (std::size_t c = 0; c < cols_; ++c) {
+        const bool used = (c >= c0 && c < c1) || std::binary_search(sel.begin(), sel.end(), std::uint32_t(c));
+        if (used && (c < c0 || c >= c1)) ++used_other;
+        for (std::size_t r = 0; r < rows_; ++r) {
+          // matrix 0 column-contiguous (bf16 grads), matrix 1 row-major (fp32 grads)
+          const std::size_t e = k == 0 ? c * rows_ + r : r * cols_ + c;
+          const float got = k == 0 ? to_float(m.g0[e]) : m.g1[e];
+          const float want = k == 0 ? to_float((used ? reduced : own).g0[e]) : (used ? reduced : own).g1[e];
+          if (!used) ++kept;
+          CHECK(std::memcmp(&got, &want, 4) == 0);
+        }
+      }
+    }
+    // after the first selection there are selected columns outside this rank's blocks (R > 1),
+    // and columns neither selected nor its own
+    if (ranks() > 1 && info.t >= 1) {
+      CHECK(used_other > 0);
+      CHECK(kept > 0);
+    }
+  }
 }
 
 TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
@@ -646,6 +784,41 @@ TEST_CASE("data parallel: the reduction's shards cover every element once, whate
   // near 2^64: no overflow in n * r
   const std::size_t big = std::numeric_limits<std::size_t>::max() - 5;
   CHECK(detail::shard_begin(big, 4, 2) == big / 2);
+}
+
+TEST_CASE("data parallel: mpi_communicator::reduce_scatter reduces each rank's segment in rank order") {
+  // Segments of different lengths, one of them empty when R > 1: rank q's segment holds
+  // value(r, q, j) on rank r; afterwards rank q's own segment must hold the rank-order fp32 sum
+  // of those (divided by R for the mean), computed here element by element. Values with
+  // different exponents, so that another order of the additions would round differently.
+  mpi_communicator comm(MPI_COMM_WORLD);
+  const int R = ranks(), me = my_rank();
+  auto value = [](int r, int q, std::size_t j) {
+    return std::ldexp(1.0f + float((j * 7 + std::size_t(q) * 3) % 11) / 16.0f, (r * 5 + int(j)) % 9 - 4) *
+           (r % 2 ? -1.0f : 1.0f);
+  };
+  std::vector<std::size_t> counts(static_cast<std::size_t>(R));
+  for (int q = 0; q < R; ++q) counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(5 + 3 * q);
+  for (reduce_op op : {reduce_op::sum, reduce_op::mean}) {
+    std::vector<float> data;
+    for (int q = 0; q < R; ++q)
+      for (std::size_t j = 0; j < counts[std::size_t(q)]; ++j) data.push_back(value(me, q, j));
+    const std::uint64_t before = comm.bytes_sent();
+    comm.reduce_scatter(data.data(), counts.data(), op);
+    std::size_t own = 0, others = 0;
+    for (int q = 0; q < R; ++q) {
+      if (q < me) own += counts[std::size_t(q)];
+      if (q != me) others += counts[std::size_t(q)];
+    }
+    for (std::size_t j = 0; j < counts[std::size_t(me)]; ++j) {
+      float x = value(0, me, j);
+      for (int r = 1; r < R; ++r) x += value(r, me, j);
+      if (op == reduce_op::mean) x /= float(R);
+      const float got = data[own + j];
+      CHECK(std::memcmp(&got, &x, 4) == 0);
+    }
+    CHECK(comm.bytes_sent() - before == (R > 1 ? 4 * others : 0));  // the others' segments, once
+  }
 }
 
 // A rank killed (SIGKILL) in the middle of the ranks' saves: the job ends (mpirun takes the other

@@ -4,11 +4,13 @@
 // a duplicate, so its messages never mix with the trainer's); MPI must be initialised before
 // the communicator is made and finalised only after the optimizer is destroyed.
 //
-// The reduction is deterministic: each rank owns a contiguous shard of the elements; the ranks'
-// pieces of a shard go to its owner (MPI_Alltoallv), which sums them in rank order in fp32
-// (detail::reduce_in_rank_order), and the reduced shards are gathered back on every rank
-// (MPI_Allgatherv). No MPI reduction operator is used, so the bits do not depend on the MPI
-// library's algorithm; each rank sends about 2 (R - 1) / R of the gradient's fp32 bytes per step.
+// The reduction is deterministic: each rank owns a shard of the elements; the ranks' pieces of a
+// shard go to its owner (MPI_Alltoallv), which sums them in rank order in fp32
+// (detail::reduce_in_rank_order). reduce_scatter stops there (the optimizer makes the shards
+// the ranks' blocks of matrix columns: each rank sends (R - 1) / R of the matrices' fp32
+// gradient); reduce then gathers the reduced shards back on every rank (MPI_Allgatherv: 2 (R -
+// 1) / R in all). No MPI reduction operator is used, so the bits do not depend on the MPI
+// library's algorithm. mpi_allreduce_communicator (below) has no reduce_scatter.
 // The optimizer's sharded host state uses the other collectives: all_gather (the params its
 // block's host updates changed, the state of joining columns) and all_agree (a save or load
 // succeeds on every rank or on none).
@@ -97,6 +99,58 @@ class mpi_communicator {
     }
   }
 
+  // See communicator_policy (reduce_scatter): data holds R segments, rank r's of counts[r]
+  // elements, one after the other; afterwards this rank's segment holds the reduction of every
+  // rank's segment at its place (the sum in rank order, as reduce's), and the other segments
+  // are unspecified. Each rank sends the others' segments (MPI_Alltoallv): (R - 1) / R of the
+  // data when the segments are equal, half of what reduce sends. Rounds keep every MPI count and
+  // offset within int: round j moves elements [j P, (j + 1) P) of every segment.
+  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
+    if (size_ == 1) return;
+    const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
+    // (R pieces of a round land one after the other: R * round_max within int too)
+    const std::size_t round_max = std::min(std::size_t(1) << 26, std::size_t(std::numeric_limits<int>::max()) / R);
+    counts_.resize(R);
+    displs_.resize(R);
+    mine_.resize(R);
+    mine_displs_.resize(R);
+    std::size_t longest = 0, total = 0, own = 0;  // own: where this rank's segment starts
+    for (std::size_t r = 0; r < R; ++r) {
+      longest = std::max(longest, counts[r]);
+      if (r == me) own = total;
+      total += counts[r];
+    }
+    // Alltoallv takes int displacements from one send buffer: the segments in place when they
+    // fit, else a packed copy of each round
+    const bool in_place = total <= std::size_t(std::numeric_limits<int>::max());
+    for (std::size_t off = 0; off < longest; off += round_max) {
+      std::size_t seg = 0, packed = 0, sent = 0;
+      for (std::size_t r = 0; r < R; ++r) {  // this round: elements [off, off + len) of segment r
+        const std::size_t len = counts[r] > off ? std::min(round_max, counts[r] - off) : 0;
+        counts_[r] = int(len);
+        displs_[r] = int(in_place ? seg + off : packed);
+        if (!in_place) {
+          packed_.resize(packed + len);
+          std::copy_n(data + seg + off, len, packed_.data() + packed);
+        }
+        packed += len;
+        if (r != me) sent += len;
+        seg += counts[r];
+      }
+      const std::size_t m = std::size_t(counts_[me]);  // my segment's piece, from every rank
+      pieces_.resize(m * R);
+      for (std::size_t r = 0; r < R; ++r) {
+        mine_[r] = int(m);
+        mine_displs_[r] = int(r * m);
+      }
+      check(MPI_Alltoallv(in_place ? data : packed_.data(), counts_.data(), displs_.data(), MPI_FLOAT, pieces_.data(),
+                          mine_.data(), mine_displs_.data(), MPI_FLOAT, comm_),
+            "MPI_Alltoallv");
+      detail::reduce_in_rank_order(pieces_.data(), m, size_, op, data + own + off);
+      sent_ += sent * sizeof(float);
+    }
+  }
+
   // See communicator_policy. In place: MPI_Allgatherv on bytes when every count and offset fits
   // MPI's int, else each rank's block broadcast from it in pieces of at most 1 GiB.
   void all_gather(void* data, const std::size_t* bytes) {
@@ -140,10 +194,20 @@ class mpi_communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::uint64_t sent_ = 0;
-  std::vector<float> pieces_, shard_;
+  std::vector<float> pieces_, shard_, packed_;
   std::vector<int> counts_, displs_, mine_, mine_displs_;
 };
 
+// mpi_communicator without reduce_scatter: an optimizer over it all-reduces every gradient, so
+// that after step() the grad buffers hold the whole reduced gradient on every rank (for a trainer
+// that reads them, to log a norm, say), at about 2 (R - 1) / R of the fp32 gradient sent per rank
+// instead of (R - 1) / R plus the selected columns. The optimizer's state is the same, bit for bit.
+struct mpi_allreduce_communicator : mpi_communicator {
+  using mpi_communicator::mpi_communicator;
+  void reduce_scatter(float*, const std::size_t*, reduce_op) = delete;
+};
+
 static_assert(communicator_policy<mpi_communicator>);
+static_assert(communicator_policy<mpi_allreduce_communicator>);
 
 }  // namespace zenflow

@@ -65,13 +65,15 @@ struct optimizer_stats {
   // state descriptors (registrations count from the first one; the rest from initialize()).
   // Small next to the state unless a model has very many small tensors.
   std::uint64_t host_bookkeeping_bytes = 0;
-  // Data parallel (a multi-process Communicator): the bytes this rank sent to reduce gradients,
-  // and to share what its slice of the host state produced with the other ranks (the params its
-  // host updates changed, the state of columns joining the selection).
+  // Data parallel (a multi-process Communicator): the bytes this rank sent to agree on the
+  // gradient (its pieces of the reduction; with the gradients reduce-scattered also its blocks'
+  // column statistics and its selected columns' reduced gradients), and to share what its slice
+  // of the host state produced with the other ranks (the params its host updates changed, the
+  // state of columns joining the selection).
   std::uint64_t bytes_reduced = 0;
   std::uint64_t bytes_gathered = 0;
   // Data parallel: seconds step() spent reducing gradients on the calling thread (widening, the
-  // collective, rounding back; on the CUDA space the enqueueing, the device runs it in order),
+  // collective, rounding back; the gathers of column statistics and selected columns; on the CUDA space the enqueueing, the device runs it in order),
   // since this optimizer was made (not carried by checkpoints).
   double reduce_seconds = 0;
 };
@@ -105,6 +107,23 @@ class optimizer {
   }();
   static_assert(comm_on_space, "zenflow: this Communicator works on another memory space than the optimizer's "
                                "(mpi_communicator: host_space; nccl_communicator: cuda_space)");
+  // Data parallel with the gradients reduce-scattered: each rank receives the reduced gradient
+  // of its own block of every matrix's columns only (see reduce_gradients). Needs a
+  // communicator with reduce_scatter, an updater whose gradient pass runs in parts, and the
+  // host space (the packing runs on host threads); otherwise the gradients are all-reduced.
+  static constexpr bool sharded_reduction = [] {
+    if constexpr (data_parallel && std::is_base_of_v<host_space, Space>)
+      return requires(Communicator& c, GpuUpdater& u, Space& sp, float* d, const std::size_t* n) {
+        c.reduce_scatter(d, n, reduce_op::mean);
+        u.column_stats(sp, std::size_t{}, std::size_t{}, std::size_t{});
+        u.vector_stats(sp);
+        u.summarize();
+        { u.column_l1(std::size_t{}) } -> std::same_as<double*>;
+        { u.column_sumsq(std::size_t{}) } -> std::same_as<double*>;
+        { u.column_bad(std::size_t{}) } -> std::same_as<unsigned char*>;
+      };
+    else return false;
+  }();
 
  public:
   explicit optimizer(const config& cfg)
@@ -196,9 +215,12 @@ class optimizer {
   // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
   // are checked before anything changes; if the step still fails midway (a device or transfer
   // error), the optimizer refuses step() and save() until a checkpoint is loaded. Data
-  // parallel, every rank calls it (a collective): the grad buffers are first replaced by the
-  // ranks' reduced gradient (rounded to their dtype), so every rank takes the same decisions
-  // and keeps the same state.
+  // parallel, every rank calls it (a collective): the ranks' gradients are reduced first, so
+  // every rank takes the same decisions and keeps the same state. Afterwards the grad buffers
+  // hold the reduced gradient (rounded to their dtype) where this rank used it — the vectors,
+  // the columns of its blocks, the selected columns — and its own gradient elsewhere (all of
+  // them reduced with a communicator that has no reduce_scatter: mpi_allreduce_communicator,
+  // nccl_communicator).
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
     check_usable();
@@ -257,7 +279,7 @@ class optimizer {
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     s.host_bookkeeping_bytes = bookkeeping_bytes();
-    s.bytes_reduced = comm_.bytes_sent();
+    s.bytes_reduced = comm_.bytes_sent() + shared_;
     s.bytes_gathered = gathered_;
     s.reduce_seconds = double(reduce_ns_) * 1e-9;
     if (initialized_) {
@@ -459,14 +481,28 @@ class optimizer {
     if constexpr (requires { comm_.set_stream(stream); }) comm_.set_stream(stream);
   }
 
-  // Data parallel: the grad buffers, taken as one sequence of elements in registration order,
-  // reduced across the ranks a round at a time: at most reduce_round() elements widened to fp32
+  // Data parallel: the ranks' gradients reduced. With sharded_reduction the matrices' are
+  // reduce-scattered — each rank gets the reduced gradient of its own block of columns only
+  // (scatter_matrix_gradients), the columns it offloads; the other columns' statistics and the
+  // selected columns' reduced gradients come from their owners during the step
+  // (sharded_gradient_pass, gather_selected_grads) — and the vectors all-reduced; otherwise
+  // every gradient is all-reduced.
+  void reduce_gradients() {
+    if constexpr (sharded_reduction) {
+      scatter_matrix_gradients();
+      all_reduce_gradients(matrices_.size());
+    } else {
+      all_reduce_gradients(0);
+    }
+  }
+  // The grad buffers from tensor `first` on (matrices, then vectors, in registration order),
+  // taken as one sequence of elements, reduced across the ranks a round at a time: at most reduce_round() elements widened to fp32
   // into reduce_buf_, reduced, and written back rounded to their dtype (nearest even). The
   // reduction is element by element, so the rounds do not change a bit; they bound the buffer.
   // A NaN or Inf on any rank makes the reduced element non-finite on every rank, so every rank
   // skips the step. (On the host space by the host kernels, on a device space by its
   // convert(): the same bits.)
-  void reduce_gradients() {
+  void all_reduce_gradients(std::size_t first) {
     float* buf = reduce_buf_.data();
     const std::size_t round = reduce_buf_.size();
     auto convert = [&](const void* src, dtype st, void* dst, dtype dt, std::size_t n) {
@@ -494,7 +530,7 @@ class optimizer {
       pieces.clear();
     };
     const std::size_t tensors = matrices_.size() + vectors_.size();
-    for (std::size_t t = 0; t < tensors; ++t) {
+    for (std::size_t t = first; t < tensors; ++t) {
       const std::size_t n = t < matrices_.size() ? matrices_[t].rows * matrices_[t].cols : vectors_[t - matrices_.size()].n;
       for (std::size_t e = 0; e < n;) {
         const std::size_t len = std::min(n - e, round - fill);
@@ -508,6 +544,205 @@ class optimizer {
     }
     flush();
   }
+  // sharded_reduction: every matrix's gradient reduce-scattered by column blocks, a round of at
+  // most reduce_buf_.size() elements at a time. A round is a list of rectangles of matrices
+  // (rows [r0, r1) by columns [a, b): whole rows, or a part of one row when a row alone is
+  // longer than the round); rank q's segment of the round holds, rectangle after rectangle, the
+  // part in q's block of columns, widened to fp32. Each rank then gets its segment reduced (the
+  // sum in rank order, as the all-reduce's: the same bits) and writes it back rounded to the
+  // grad dtype; the other columns of its grad buffers keep the rank's own gradient.
+  void scatter_matrix_gradients() {
+    const std::size_t round = reduce_buf_.size();
+    std::size_t fill = 0;
+    scatter_items_.clear();
+    auto flush = [&] {
+      flush_scatter();
+      fill = 0;
+    };
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const std::size_t rows = matrices_[i].rows, cols = matrices_[i].cols;
+      if (cols <= round) {
+        for (std::size_t r = 0; r < rows;) {
+          const std::size_t take = std::min(rows - r, (round - fill) / cols);
+          if (take == 0) {
+            flush();
+            continue;
+          }
+          scatter_items_.push_back({i, r, r + take, 0, cols});
+          fill += take * cols;
+          r += take;
+        }
+      } else {
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t a = 0; a < cols;) {
+            if (fill == round) flush();
+            const std::size_t len = std::min(cols - a, round - fill);
+            scatter_items_.push_back({i, r, r + 1, a, a + len});
+            fill += len;
+            a += len;
+          }
+      }
+    }
+    flush_scatter();
+  }
+  void flush_scatter() {
+    if (scatter_items_.empty()) return;
+    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    // the part of a rectangle in rank q's block: columns [lo, hi)
+    auto part = [&](const scatter_item& it, std::size_t q) {
+      const std::size_t lo = std::max(it.a, col_begin(it.matrix, int(q))), hi = std::min(it.b, col_begin(it.matrix, int(q) + 1));
+      return std::pair{lo, std::max(lo, hi)};
+    };
+    scatter_counts_.assign(R, 0);
+    for (std::size_t q = 0; q < R; ++q)
+      for (const scatter_item& it : scatter_items_) {
+        const auto [lo, hi] = part(it, q);
+        scatter_counts_[q] += (it.r1 - it.r0) * (hi - lo);
+      }
+    float* buf = reduce_buf_.data();
+    std::size_t at = 0, own = 0;
+    for (std::size_t q = 0; q < R; ++q) {
+      if (q == me) own = at;
+      for (const scatter_item& it : scatter_items_) {
+        const auto [lo, hi] = part(it, q);
+        grad_rectangle(it.matrix, it.r0, it.r1, lo, hi, buf + at, true);
+        at += (it.r1 - it.r0) * (hi - lo);
+      }
+    }
+    comm_.reduce_scatter(buf, scatter_counts_.data(), cfg_.gradient_reduction);
+    at = own;
+    for (const scatter_item& it : scatter_items_) {
+      const auto [lo, hi] = part(it, me);
+      grad_rectangle(it.matrix, it.r0, it.r1, lo, hi, buf + at, false);
+      at += (it.r1 - it.r0) * (hi - lo);
+    }
+    scatter_items_.clear();
+  }
+  // Rows [r0, r1) by columns [lo, hi) of matrix i's grad buffer, in its memory order (column
+  // after column, or row after row for a row-major matrix), to fp32 at f (widen) or back from f
+  // rounded to the grad dtype (nearest even, as host::convert).
+  void grad_rectangle(std::size_t i, std::size_t r0, std::size_t r1, std::size_t lo, std::size_t hi, float* f,
+                      bool widen) {
+    if (r0 == r1 || lo == hi) return;
+    const matrix_param& p = matrices_[i];
+    const bool by_col = p.layout == matrix_layout::column_contiguous;
+    // lines: contiguous runs of len elements in the grad buffer
+    const std::size_t lines = by_col ? hi - lo : r1 - r0, len = by_col ? r1 - r0 : hi - lo;
+    const std::size_t first = element_offset(p.layout, p.rows, p.cols, r0, lo);
+    const std::size_t stride = by_col ? p.rows : p.cols;
+    auto* g = static_cast<unsigned char*>(const_cast<void*>(p.grad));
+    const std::size_t es = size_of(p.grad_type);
+    if (lines == 1 || len == stride) {  // one run: the vectorised conversion
+      if (widen) host::convert(host_.arena(), {g + first * es, p.grad_type, f, dtype::f32}, lines * len);
+      else host::convert(host_.arena(), {f, dtype::f32, g + first * es, p.grad_type}, lines * len);
+      return;
+    }
+    visit_dtype(p.grad_type, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      G* base = reinterpret_cast<G*>(g) + first;
+      space_.parallel_for(lines, [=](std::size_t l) {
+        G* run = base + l * stride;
+        float* x = f + l * len;
+        if (widen)
+          for (std::size_t j = 0; j < len; ++j) x[j] = to_float(run[j]);
+        else
+          for (std::size_t j = 0; j < len; ++j) run[j] = from_float<G>(x[j]);
+      });
+    });
+  }
+  // sharded_reduction: the gradient pass over this rank's block of every matrix (and every
+  // vector), then every rank's block statistics gathered (17 bytes a column: L1 and sum of
+  // squares in double, the non-finite flag), so that every rank has every column's, as one
+  // process computes them from the reduced gradient, and the same summary (canonical order).
+  auto sharded_gradient_pass() {
+    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      updater_.column_stats(space_, i, col_begin(i, int(me)), col_begin(i, int(me) + 1));
+    updater_.vector_stats(space_);
+    const auto t0 = std::chrono::steady_clock::now();
+    constexpr std::size_t per_col = 2 * sizeof(double) + 1;
+    counts_.assign(R, 0);
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t i = 0; i < matrices_.size(); ++i)
+        counts_[r] += per_col * (col_begin(i, int(r) + 1) - col_begin(i, int(r)));
+      total += counts_[r];
+    }
+    unsigned char* base = gather_space(total);
+    // rank r's block: per matrix, its columns' L1s, then sums of squares, then flags
+    auto move = [&](std::size_t r, bool out) {
+      unsigned char* at = base;
+      for (std::size_t q = 0; q < r; ++q) at += counts_[q];
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const std::size_t c0 = col_begin(i, int(r)), n = col_begin(i, int(r) + 1) - c0;
+        auto io = [&](void* arr, std::size_t width) {
+          auto* a = static_cast<unsigned char*>(arr) + c0 * width;
+          if (n) {
+            if (out) std::memcpy(at, a, n * width);
+            else std::memcpy(a, at, n * width);
+          }
+          at += n * width;
+        };
+        io(updater_.column_l1(i), sizeof(double));
+        io(updater_.column_sumsq(i), sizeof(double));
+        io(updater_.column_bad(i), 1);
+      }
+    };
+    move(me, true);
+    comm_.all_gather(base, counts_.data());
+    for (std::size_t r = 0; r < R; ++r)
+      if (r != me) move(r, false);
+    shared_ += std::uint64_t(R - 1) * counts_[me];
+    reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    return updater_.summarize();
+  }
+  // sharded_reduction: the selected columns' reduced gradients, from the ranks whose blocks hold
+  // them to every rank (the grad dtype's bytes, exact), for the replicated device update.
+  void gather_selected_grads() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    // rank r's part: per matrix, its selected columns in r's block, column after column
+    auto range = [&](std::size_t i, std::size_t r) {
+      const auto& sel = selected_[i];
+      return std::pair{std::size_t(std::lower_bound(sel.begin(), sel.end(), col_begin(i, int(r))) - sel.begin()),
+                       std::size_t(std::lower_bound(sel.begin(), sel.end(), col_begin(i, int(r) + 1)) - sel.begin())};
+    };
+    counts_.assign(R, 0);
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < R; ++r) {
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const auto [from, to] = range(i, r);
+        counts_[r] += (to - from) * matrices_[i].rows * size_of(matrices_[i].grad_type);
+      }
+      total += counts_[r];
+    }
+    if (total == 0) return;  // (the same on every rank: the selections are replicated)
+    unsigned char* base = gather_space(total);
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const matrix_param& p = matrices_[i];
+        const auto [from, to] = range(i, r);
+        if (r == me && to > from)
+          space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, selected_[i].data() + from, to - from,
+                                 base + at);
+        at += (to - from) * p.rows * size_of(p.grad_type);
+      }
+    comm_.all_gather(base, counts_.data());
+    at = 0;
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        const matrix_param& p = matrices_[i];
+        const auto [from, to] = range(i, r);
+        if (r != me && to > from)
+          space_.scatter_columns(base + at, p.grad_type, const_cast<void*>(p.grad), p.layout, p.rows, p.cols,
+                                 selected_[i].data() + from, to - from);
+        at += (to - from) * p.rows * size_of(p.grad_type);
+      }
+    shared_ += std::uint64_t(R - 1) * counts_[me];
+    reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+
   // Elements a reduction round holds at most: the communicator's choice (reduce_round), else
   // 2^24 (a 64 MiB fp32 buffer, whatever the model's size).
   static constexpr std::size_t reduce_round() {
@@ -535,7 +770,10 @@ class optimizer {
   // nothing; a step whose gradient is not finite, or whose norm once unscaled and clipped exceeds
   // max_applied_norm (which also keeps every element and its square finite), is skipped.
   step_info step_checked(float grad_scale) {
-    const auto summary = updater_.gradient_pass(space_);
+    const auto summary = [&] {
+      if constexpr (sharded_reduction) return sharded_gradient_pass();
+      else return updater_.gradient_pass(space_);
+    }();
     const double inv = 1.0 / double(grad_scale);
     double clip = 1.0;
     if (cfg_.max_grad_norm > 0) {
@@ -553,6 +791,7 @@ class optimizer {
 
     if (info.t <= cfg_.full_warm_up_rounds) {
       warm_up(factor);
+      if constexpr (sharded_reduction) gather_selected_grads();  // (none selected during the warm-up)
       updater_.update(space_, factor, cfg_.adam);  // vectors
       info.warm_up = true;
       applied_ = info.t;
@@ -569,6 +808,7 @@ class optimizer {
     }
     if constexpr (requires { updater_.enqueue_masses(space_); })
       if (cfg_.update_interval.automatic) updater_.enqueue_masses(space_);  // (this step's selection)
+    if constexpr (sharded_reduction) gather_selected_grads();
     updater_.update(space_, factor, cfg_.adam);
     if (async_offload_) offload_async(factor);
     else offload(factor);
@@ -1376,6 +1616,15 @@ class optimizer {
     std::size_t tensor, first, len;  // elements [first, first + len) of grad buffer `tensor`
   };
   std::vector<reduce_piece> reduce_pieces_;  // (a member: its capacity stays, no allocation per step)
+  // sharded_reduction: a round's rectangles (rows [r0, r1) by columns [a, b) of a matrix), the
+  // ranks' segments of it (elements), and the bytes this rank sent of its blocks' column
+  // statistics and its selected columns' reduced gradients (in stats().bytes_reduced)
+  struct scatter_item {
+    std::size_t matrix, r0, r1, a, b;
+  };
+  std::vector<scatter_item> scatter_items_;
+  std::vector<std::size_t> scatter_counts_;
+  std::uint64_t shared_ = 0;
   // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where
   // the blocks of params or joining state are gathered, and the bytes this rank sent there.
   std::vector<std::size_t> counts_;
@@ -1413,7 +1662,7 @@ class optimizer {
   std::uint64_t owed_to_host_ = 0;  // the transport's to-host count once the offload in flight is done
   double base_stall_ = 0;
   std::atomic<std::uint64_t> host_ns_{0};
-  std::uint64_t reduce_ns_ = 0;  // data parallel: time in reduce_gradients()
+  std::uint64_t reduce_ns_ = 0;  // data parallel: time reducing gradients (stats().reduce_seconds)
   std::vector<double> auto_a_, auto_b_;
 };
 

@@ -97,19 +97,35 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   // sum of squares in the canonical order of functors.hpp (the same bits on every space and
   // thread count).
   grad_summary gradient_pass(Space& space) {
-    for (auto& s : matrices_)
-      visit_dtype(s.p.grad_type, [&](auto gtag) {
-        using G = typename decltype(gtag)::type;
-        space.parallel_for(s.p.cols, device::column_stats_fn<G>{static_cast<const G*>(s.p.grad), s.p.rows,
-                                                                s.p.cols, s.p.layout, s.l1.data(),
-                                                                s.sumsq.data(), s.bad.data()});
-      });
+    for (std::size_t i = 0; i < matrices_.size(); ++i) column_stats(space, i, 0, matrices_[i].p.cols);
+    vector_stats(space);
+    return summarize();
+  }
+  // The pass in parts, for a data-parallel optimizer whose rank holds the reduced gradient of
+  // some columns only: the statistics of columns [c0, c1) of matrix i (those of the others it
+  // writes into the per-column arrays itself: column_l1/column_sumsq/column_bad), of every
+  // vector, and the summary once every column's are in place (the same bits as gradient_pass).
+  void column_stats(Space& space, std::size_t i, std::size_t c0, std::size_t c1) {
+    auto& s = matrices_[i];
+    visit_dtype(s.p.grad_type, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      const device::column_stats_fn<G> f{static_cast<const G*>(s.p.grad), s.p.rows, s.p.cols, s.p.layout,
+                                         s.l1.data(), s.sumsq.data(), s.bad.data()};
+      space.parallel_for(c1 - c0, [=](std::size_t c) { f(c0 + c); });
+    });
+  }
+  void vector_stats(Space& space) {
     for (auto& v : vectors_)
       visit_dtype(v.p.grad_type, [&](auto gtag) {
         using G = typename decltype(gtag)::type;
         space.parallel_for(v.sumsq.size(), device::chunk_stats_fn<G>{static_cast<const G*>(v.p.grad), v.p.n,
                                                                      vector_chunk, v.sumsq.data(), v.bad.data()});
       });
+  }
+  double* column_l1(std::size_t i) noexcept { return matrices_[i].l1.data(); }
+  double* column_sumsq(std::size_t i) noexcept { return matrices_[i].sumsq.data(); }
+  unsigned char* column_bad(std::size_t i) noexcept { return matrices_[i].bad.data(); }
+  grad_summary summarize() {
     grad_summary r{true, 0.0};
     std::size_t at = 0;
     for (auto& s : matrices_) {
