@@ -1,6 +1,8 @@
 // The emulated pipeline (bench/pipeline: host space, an emulated device per process) at R ranks:
 // ZenFlow and ZeRO-Offload, each data parallel over MPI with sharded host state, side by side in
-// one run, at a forward/backward time fixed for every R. Run under mpirun with R ranks; each
+// one run, at a forward/backward time fixed for every R; the gradients reduce-scattered by column
+// blocks (mpi_communicator), and ZenFlow once more with them all-reduced, for comparison
+// (mpi_allreduce_communicator). Run under mpirun with R ranks; each
 // rank's "device" is its own (a sleep for compute, a link model for copies) and its host work is
 // the real code on this machine's cores, so the ranks share the cores: on a box with fewer
 // cores than R x threads the figures include that contention (say so when quoting them).
@@ -35,6 +37,10 @@ namespace {
 
 using zenflow_dp = zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater, zenflow::simd_accumulator,
                                       emulated_link, zenflow::bounded_async, zenflow::mpi_communicator>;
+// the same with every gradient all-reduced (the reduction before the reduce-scatter), side by side
+using zenflow_dp_all_reduce =
+    zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater, zenflow::simd_accumulator, emulated_link,
+                       zenflow::bounded_async, zenflow::mpi_allreduce_communicator>;
 using zero_offload_dp = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
                                            zenflow::simd_accumulator, emulated_link, zenflow::synchronous,
                                            zenflow::mpi_communicator>;
@@ -88,6 +94,11 @@ int main(int argc, char** argv) {
   const result zf = run<zenflow_dp>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
                                     zenflow::mpi_communicator(MPI_COMM_WORLD));
 
+  MPI_Barrier(MPI_COMM_WORLD);
+  const result za = run<zenflow_dp_all_reduce>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
+                                               zenflow::mpi_allreduce_communicator(MPI_COMM_WORLD));
+
+  const auto za_step = gather(za.step_s, R), za_stall = gather(za.stall_s, R), za_reduce = gather(za.reduce_s, R);
   const auto zf_step = gather(zf.step_s, R), zf_stall = gather(zf.stall_s, R), zf_host = gather(zf.host_update_s, R);
   const auto zf_bytes = gather(zf.d2h_bytes + zf.h2d_bytes, R), zf_reduce = gather(zf.reduce_s, R);
   const auto zo_step = gather(zo.step_s, R), zo_stall = gather(zo.stall_s, R), zo_host = gather(zo.host_update_s, R);
@@ -107,6 +118,9 @@ int main(int argc, char** argv) {
     print_array("zenflow_host_update_s", zf_host);
     print_array("zenflow_link_bytes", zf_bytes);
     print_array("zenflow_reduce_s", zf_reduce);
+    print_array("zenflow_all_reduce_step_s", za_step);
+    print_array("zenflow_all_reduce_stall_s", za_stall);
+    print_array("zenflow_all_reduce_reduce_s", za_reduce);
     print_array("zero_offload_step_s", zo_step);
     print_array("zero_offload_stall_s", zo_stall);
     print_array("zero_offload_host_update_s", zo_host);

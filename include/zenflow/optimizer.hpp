@@ -229,7 +229,8 @@ class optimizer {
     if (!std::isfinite(float(1.0 / double(grad_scale))))
       fail("grad_scale " + detail::exact(grad_scale) + " is too small: 1 / grad_scale overflows fp32");
     enter();
-    if constexpr (data_parallel) {  // changes no optimizer state
+    // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
+    if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
       const auto t0 = std::chrono::steady_clock::now();
       reduce_gradients();
       reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -656,6 +657,7 @@ class optimizer {
   // process computes them from the reduced gradient, and the same summary (canonical order).
   auto sharded_gradient_pass() {
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    if (R == 1) return updater_.gradient_pass(space_);
     for (std::size_t i = 0; i < matrices_.size(); ++i)
       updater_.column_stats(space_, i, col_begin(i, int(me)), col_begin(i, int(me) + 1));
     updater_.vector_stats(space_);
@@ -701,6 +703,7 @@ class optimizer {
   void gather_selected_grads() {
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    if (R == 1) return;
     // rank r's part: per matrix, its selected columns in r's block, column after column
     auto range = [&](std::size_t i, std::size_t r) {
       const auto& sel = selected_[i];
