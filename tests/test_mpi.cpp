@@ -787,38 +787,84 @@ TEST_CASE("data parallel: the reduction's shards cover every element once, whate
   CHECK(detail::shard_begin(big, 4, 2) == big / 2);
 }
 
-TEST_CASE("data parallel: mpi_communicator::reduce_scatter reduces each rank's segment in rank order") {
-  // Segments of different lengths, one of them empty when R > 1: rank q's segment holds
-  // value(r, q, j) on rank r; afterwards rank q's own segment must hold the rank-order fp32 sum
-  // of those (divided by R for the mean), computed here element by element. Values with
-  // different exponents, so that another order of the additions would round differently.
-  mpi_communicator comm(MPI_COMM_WORLD);
+// mpi_communicator with MPI's limits made small: a few elements a call, and "MPI's int" of 8, so
+// that the rounds, reduce_scatter's packed copy and all_gather's broadcast pieces run here.
+struct tight_mpi : mpi_communicator {
+  tight_mpi(MPI_Comm c, std::size_t round, std::size_t int_max) : mpi_communicator(c, limits{round, int_max}) {}
+};
+
+TEST_CASE("data parallel: mpi_communicator's collectives against their definitions, with small limits too") {
+  // Values with different exponents, so that another order of the additions would round
+  // differently; the rank-order fp32 sum (and the division for the mean) computed here element
+  // by element. reduce_scatter: segments of different lengths, one empty when R > 1.
   const int R = ranks(), me = my_rank();
   auto value = [](int r, int q, std::size_t j) {
     return std::ldexp(1.0f + float((j * 7 + std::size_t(q) * 3) % 11) / 16.0f, (r * 5 + int(j)) % 9 - 4) *
            (r % 2 ? -1.0f : 1.0f);
   };
-  std::vector<std::size_t> counts(static_cast<std::size_t>(R));
-  for (int q = 0; q < R; ++q) counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(5 + 3 * q);
-  for (reduce_op op : {reduce_op::sum, reduce_op::mean}) {
-    std::vector<float> data;
-    for (int q = 0; q < R; ++q)
-      for (std::size_t j = 0; j < counts[std::size_t(q)]; ++j) data.push_back(value(me, q, j));
-    const std::uint64_t before = comm.bytes_sent();
-    comm.reduce_scatter(data.data(), counts.data(), op);
-    std::size_t own = 0, others = 0;
-    for (int q = 0; q < R; ++q) {
-      if (q < me) own += counts[std::size_t(q)];
-      if (q != me) others += counts[std::size_t(q)];
+  auto reduced = [&](int q, std::size_t j, reduce_op op) {
+    float x = value(0, q, j);
+    for (int r = 1; r < R; ++r) x += value(r, q, j);
+    return op == reduce_op::mean ? x / float(R) : x;
+  };
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+  auto check_all = [&](mpi_communicator& comm) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::mean}) {
+      CAPTURE(int(op));
+      {  // reduce: 23 elements, every rank gets every one
+        std::vector<float> data(23);
+        for (std::size_t j = 0; j < data.size(); ++j) data[j] = value(me, 0, j);
+        comm.reduce(data.data(), data.size(), op);
+        bool ok = true;
+        for (std::size_t j = 0; j < data.size(); ++j) ok = ok && same(data[j], reduced(0, j, op));
+        CHECK(ok);
+      }
+      {  // reduce_scatter
+        std::vector<std::size_t> counts(static_cast<std::size_t>(R));
+        for (int q = 0; q < R; ++q) counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(9 + 4 * q);
+        std::vector<float> data;
+        std::size_t own = 0, others = 0;
+        for (int q = 0; q < R; ++q) {
+          for (std::size_t j = 0; j < counts[std::size_t(q)]; ++j) data.push_back(value(me, q, j));
+          if (q < me) own += counts[std::size_t(q)];
+          if (q != me) others += counts[std::size_t(q)];
+        }
+        const std::uint64_t before = comm.bytes_sent();
+        comm.reduce_scatter(data.data(), counts.data(), op);
+        bool ok = true;
+        for (std::size_t j = 0; j < counts[std::size_t(me)]; ++j) ok = ok && same(data[own + j], reduced(me, j, op));
+        CHECK(ok);
+        CHECK(comm.bytes_sent() - before == (R > 1 ? 4 * others : 0));  // the others' segments, once
+      }
     }
-    for (std::size_t j = 0; j < counts[std::size_t(me)]; ++j) {
-      float x = value(0, me, j);
-      for (int r = 1; r < R; ++r) x += value(r, me, j);
-      if (op == reduce_op::mean) x /= float(R);
-      const float got = data[own + j];
-      CHECK(std::memcmp(&got, &x, 4) == 0);
+    {  // all_gather: rank r's block of 5 + 3r bytes
+      std::vector<std::size_t> bytes(static_cast<std::size_t>(R));
+      std::size_t total = 0, mine = 0;
+      for (int r = 0; r < R; ++r) {
+        bytes[std::size_t(r)] = 5 + 3 * std::size_t(r);
+        if (r < me) mine += bytes[std::size_t(r)];
+        total += bytes[std::size_t(r)];
+      }
+      std::vector<unsigned char> data(total, 0xee);
+      for (std::size_t j = 0; j < bytes[std::size_t(me)]; ++j) data[mine + j] = static_cast<unsigned char>(me * 40 + int(j));
+      comm.all_gather(data.data(), bytes.data());
+      bool ok = true;
+      for (int r = 0, at = 0; r < R; at += int(bytes[std::size_t(r)]), ++r)
+        for (std::size_t j = 0; j < bytes[std::size_t(r)]; ++j) ok = ok && data[std::size_t(at) + j] == static_cast<unsigned char>(r * 40 + int(j));
+      CHECK(ok);
     }
-    CHECK(comm.bytes_sent() - before == (R > 1 ? 4 * others : 0));  // the others' segments, once
+  };
+  SUBCASE("MPI's limits") {
+    mpi_communicator comm(MPI_COMM_WORLD);
+    check_all(comm);
+  }
+  SUBCASE("rounds of 4 elements") {
+    tight_mpi comm(MPI_COMM_WORLD, 4, std::size_t(1) << 20);
+    check_all(comm);
+  }
+  SUBCASE("rounds of 3 and an int of 8: a packed copy, broadcast pieces") {
+    tight_mpi comm(MPI_COMM_WORLD, 3, 8);
+    check_all(comm);
   }
 }
 

@@ -36,17 +36,9 @@ class mpi_communicator {
   using space = host_space;  // reduce and all_gather take host memory
 
   // The ranks of `comm` (duplicated: a collective call on every rank of it).
-  explicit mpi_communicator(MPI_Comm comm) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) throw std::logic_error("zenflow: mpi_communicator made before MPI_Init");
-    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become exceptions, not aborts
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-  }
+  explicit mpi_communicator(MPI_Comm comm) : mpi_communicator(comm, limits{}) {}
   mpi_communicator(mpi_communicator&& o) noexcept
-      : comm_(o.comm_), rank_(o.rank_), size_(o.size_), sent_(o.sent_) {
+      : comm_(o.comm_), rank_(o.rank_), size_(o.size_), sent_(o.sent_), lim_(o.lim_) {
     o.comm_ = MPI_COMM_NULL;
   }
   mpi_communicator(const mpi_communicator&) = delete;
@@ -58,6 +50,27 @@ class mpi_communicator {
     if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
   }
 
+ protected:
+  // How much one MPI call moves: at most `round` elements of each rank's data a call, and every
+  // count and offset at most `int_max` (MPI's int; larger data goes in rounds, a packed copy or
+  // broadcast pieces). Smaller values make those paths run on small data (the tests).
+  struct limits {
+    std::size_t round = std::size_t(1) << 26;
+    std::size_t int_max = std::size_t(std::numeric_limits<int>::max());
+  };
+  mpi_communicator(MPI_Comm comm, limits lim) : lim_(lim) {
+    if (lim_.round == 0 || lim_.int_max < 4) throw std::invalid_argument("zenflow: mpi_communicator limits too small");
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) throw std::logic_error("zenflow: mpi_communicator made before MPI_Init");
+    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become exceptions, not aborts
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+
+ public:
+
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   // The bytes this rank sent to reduce gradients (the other collectives are counted by their
@@ -68,7 +81,7 @@ class mpi_communicator {
   void reduce(float* data, std::size_t n, reduce_op op) {
     if (size_ == 1) return;  // the sum of one, and its mean (x / 1 == x)
     // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
-    constexpr std::size_t round_max = std::size_t(1) << 26;
+    const std::size_t round_max = std::min(lim_.round, lim_.int_max);
     const std::size_t R = std::size_t(size_);
     counts_.resize(R);  // (members: no allocation per step once sized)
     displs_.resize(R);
@@ -109,7 +122,7 @@ class mpi_communicator {
     if (size_ == 1) return;
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
     // (R pieces of a round land one after the other: R * round_max within int too)
-    const std::size_t round_max = std::min(std::size_t(1) << 26, std::size_t(std::numeric_limits<int>::max()) / R);
+    const std::size_t round_max = std::max<std::size_t>(1, std::min(lim_.round, lim_.int_max / R));
     counts_.resize(R);
     displs_.resize(R);
     mine_.resize(R);
@@ -122,7 +135,7 @@ class mpi_communicator {
     }
     // Alltoallv takes int displacements from one send buffer: the segments in place when they
     // fit, else a packed copy of each round
-    const bool in_place = total <= std::size_t(std::numeric_limits<int>::max());
+    const bool in_place = total <= lim_.int_max;
     for (std::size_t off = 0; off < longest; off += round_max) {
       std::size_t seg = 0, packed = 0, sent = 0;
       for (std::size_t r = 0; r < R; ++r) {  // this round: elements [off, off + len) of segment r
@@ -159,7 +172,7 @@ class mpi_communicator {
     std::size_t total = 0;
     for (std::size_t r = 0; r < R; ++r) total += bytes[r];
     auto* at = static_cast<unsigned char*>(data);
-    if (total <= std::size_t(std::numeric_limits<int>::max())) {
+    if (total <= lim_.int_max) {
       counts_.resize(R);
       displs_.resize(R);
       for (std::size_t r = 0, off = 0; r < R; off += bytes[r], ++r) {
@@ -170,7 +183,7 @@ class mpi_communicator {
             "MPI_Allgatherv");
       return;
     }
-    constexpr std::size_t piece = std::size_t(1) << 30;
+    const std::size_t piece = std::min(std::size_t(1) << 30, lim_.int_max);
     for (std::size_t r = 0, off = 0; r < R; off += bytes[r], ++r)
       for (std::size_t o = 0; o < bytes[r]; o += piece)
         check(MPI_Bcast(at + off + o, int(std::min(piece, bytes[r] - o)), MPI_BYTE, int(r), comm_), "MPI_Bcast");
@@ -196,6 +209,7 @@ class mpi_communicator {
   std::uint64_t sent_ = 0;
   std::vector<float> pieces_, shard_, packed_;
   std::vector<int> counts_, displs_, mine_, mine_displs_;
+  limits lim_;
 };
 
 // mpi_communicator without reduce_scatter: an optimizer over it all-reduces every gradient, so
