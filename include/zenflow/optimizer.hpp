@@ -73,8 +73,9 @@ struct optimizer_stats {
   std::uint64_t bytes_reduced = 0;
   std::uint64_t bytes_gathered = 0;
   // Data parallel: seconds step() spent reducing gradients on the calling thread (widening, the
-  // collective, rounding back; the gathers of column statistics and selected columns; on the CUDA space the enqueueing, the device runs it in order),
-  // since this optimizer was made (not carried by checkpoints).
+  // collective, rounding back; the gathers of column statistics and selected columns; on the
+  // CUDA space the enqueueing, the device runs it in order), since this optimizer was made (not
+  // carried by checkpoints).
   double reduce_seconds = 0;
 };
 
@@ -497,11 +498,11 @@ class optimizer {
     }
   }
   // The grad buffers from tensor `first` on (matrices, then vectors, in registration order),
-  // taken as one sequence of elements, reduced across the ranks a round at a time: at most reduce_round() elements widened to fp32
-  // into reduce_buf_, reduced, and written back rounded to their dtype (nearest even). The
-  // reduction is element by element, so the rounds do not change a bit; they bound the buffer.
-  // A NaN or Inf on any rank makes the reduced element non-finite on every rank, so every rank
-  // skips the step. (On the host space by the host kernels, on a device space by its
+  // taken as one sequence of elements, reduced across the ranks a round at a time: at most
+  // reduce_round() elements widened to fp32 into reduce_buf_, reduced, and written back rounded
+  // to their dtype (nearest even). The reduction is element by element, so the rounds do not
+  // change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
+  // non-finite on every rank, so every rank skips the step. (On the host space by the host kernels, on a device space by its
   // convert(): the same bits.)
   void all_reduce_gradients(std::size_t first) {
     float* buf = reduce_buf_.data();
