@@ -1,7 +1,8 @@
 // Data parallel on the CUDA space over NCCL (nccl_communicator). One process drives R GPUs, a
 // thread per rank, the communicators made by ncclCommInitAll: R = 1 (every NCCL call of the
-// communicator still runs, to itself) and R = every GPU present when there are several (NCCL
-// refuses two ranks on one GPU). Checked against independent references computed here on the
+// communicator still runs, to itself — but the optimizer skips the gradient reduction at one
+// rank, so at R = 1 only the collectives test runs it) and R = every GPU present when there are
+// several (NCCL refuses two ranks on one GPU). Checked against independent references computed here on the
 // host: the collectives against the rank-order sum written out in the test, the optimizer
 // against one host-space process fed the reduced gradient — bit for bit (the reduction's order
 // is fixed, sharding moves state without arithmetic, and cuda_space gives the host space's bits).

@@ -702,9 +702,9 @@ class optimizer {
   // sharded_reduction: the selected columns' reduced gradients, from the ranks whose blocks hold
   // them to every rank (the grad dtype's bytes, exact), for the replicated device update.
   void gather_selected_grads() {
-    const auto t0 = std::chrono::steady_clock::now();
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
     if (R == 1) return;
+    const auto t0 = std::chrono::steady_clock::now();
     // rank r's part: per matrix, its selected columns in r's block, column after column
     auto range = [&](std::size_t i, std::size_t r) {
       const auto& sel = selected_[i];
