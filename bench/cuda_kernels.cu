@@ -8,7 +8,9 @@
 //  - gradient_pass: every gradient read once (the per-column outputs, 8 B per column, are
 //    counted too); both layouts, bf16 and f32 gradients;
 //  - compact: the unselected 90 % of every matrix's columns read and written once (the
-//    per-step offload's compaction), both layouts;
+//    per-step offload's compaction), both layouts; then the same compaction fused into the
+//    gradient pass (gradient_pass_compacting: every gradient read, the 90 % written) and its time
+//    against the plain pass followed by the separate compaction (compaction_fused_vs_separate);
 //  - fused_adamw: the selected 10 % of the columns: fp32 master and both moments read and
 //    written, the gradient read, the param written;
 //  - topk: the column top-k of all 224 matrices in one call, from device scores to the host's
@@ -175,10 +177,11 @@ int main(int argc, char** argv) try {
     ZF_CUDA_TRY(cudaMemsetAsync(g.data(), 0x3c, g.size(), s));
     std::vector<device_array<std::uint32_t>> lists;
     std::vector<std::size_t> counts;
+    std::vector<std::vector<std::uint32_t>> unselected;
     std::size_t moved = 0;
     for (const shape& sh : shapes) {
       const std::size_t k = column_topk::k(0.1, sh.cols);
-      std::vector<std::uint32_t> un;  // every column but a spread-out 10 %
+      std::vector<std::uint32_t>& un = unselected.emplace_back();  // every column but a spread-out 10 %
       for (std::size_t c = 0; c < sh.cols; ++c)
         if ((c * k) % sh.cols >= k) un.push_back(std::uint32_t(c));
       lists.emplace_back(un.size());
@@ -192,7 +195,7 @@ int main(int argc, char** argv) try {
       for (std::size_t c : counts) n += c;
       return n;
     }();
-    const auto [tw, tc] = side_by_side(s, reps, bytes, [&] {
+    auto compact_all = [&] {
       std::size_t at = 0, src = 0;
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         space.compact_columns(g.data() + src * 2, dtype::bf16, layout, shapes[i].rows, shapes[i].cols,
@@ -200,10 +203,48 @@ int main(int argc, char** argv) try {
         at += counts[i] * shapes[i].rows;
         src += shapes[i].rows * shapes[i].cols;
       }
-    });
+    };
+    const auto [tw, tc] = side_by_side(s, reps, bytes, compact_all);
     std::snprintf(extra, sizeof extra, "\"model\":\"llama2-7b\",\"layers\":%d,\"dtype\":\"bf16\",\"layout\":\"%s\",",
                   layers, layout_name(layout));
     print_ratio("compact", extra, bytes, tw, tc, prop.name, reps);
+
+    // The same compaction fused into the gradient pass (what step() does on a step without a
+    // selection when the offload lane is idle), against the plain pass followed by the compaction
+    // above, side by side. Bytes: every gradient read, the 90 % written, a 4-byte place read and
+    // 18 B of scores written per column.
+    fused_adamw<cuda_space> u;
+    {
+      std::size_t src = 0;
+      for (const shape& sh : shapes) {
+        u.add_matrix({nullptr, g.data() + src * 2, sh.rows, sh.cols, dtype::bf16, dtype::bf16, layout},
+                     column_topk::k(0.1, sh.cols));
+        src += sh.rows * sh.cols;
+      }
+    }
+    u.allocate();
+    std::vector<device_array<std::uint32_t>> places;
+    std::vector<compaction_target> targets;
+    for (std::size_t i = 0, at = 0; i < shapes.size(); at += counts[i] * shapes[i].rows, ++i) {
+      std::vector<std::uint32_t> place(shapes[i].cols, no_slot);
+      for (std::size_t k = 0; k < counts[i]; ++k) place[unselected[i][k]] = std::uint32_t(k);
+      places.emplace_back(place.size());
+      space.upload(places.back().data(), place.data(), 4 * place.size());
+      targets.push_back({out.data() + at * 2, places.back().data()});
+    }
+    u.set_compaction(space, targets.data());
+    const std::size_t fused_bytes = g.size() + 2 * moved + 22 * total_cols;
+    const auto [tf, tcf] = side_by_side(s, reps, fused_bytes, [&] { u.enqueue_gradient_pass(space, true); });
+    print_ratio("gradient_pass_compacting", extra, fused_bytes, tf, tcf, prop.name, reps);
+    const auto [tsep, tcsep] = side_by_side(s, reps, fused_bytes, [&] {
+      u.enqueue_gradient_pass(space);
+      compact_all();
+    });
+    std::printf("{\"kernel\":\"compaction_fused_vs_separate\",%s\"fused_seconds\":%.6g,\"separate_seconds\":%.6g,"
+                "\"fused_over_separate\":%.4f,\"gpu\":\"%s\",\"reps\":%d}\n",
+                extra, tf, tsep, tf / tsep, prop.name, reps);
+    std::fflush(stdout);
+    (void)tcsep;
   }
 
   // fused selective AdamW on the selected 10 % (bf16 params and grads; f32 would not fit in

@@ -5,9 +5,10 @@
 //
 //  - emulated_space: host_space whose device-side column and slot moves are modelled (bytes /
 //    device memory bandwidth) instead of being CPU memcpys (their values are not moved).
-//  - emulated_updater: the device-side gradient pass and selective AdamW, modelled the same way
-//    (their values are not computed: every gradient counts as finite, and the column scores are
-//    random, so every reselection moves columns between host and device).
+//  - emulated_updater: the device-side gradient pass (with the offload's compaction fused into it
+//    where the optimizer asks) and selective AdamW, modelled the same way (their values are not
+//    computed: every gradient counts as finite, and the column scores are random, so every
+//    reselection moves columns between host and device).
 //  - emulated_link: host_copy (the real copies and byte counts) plus, per transfer (a block, or
 //    a piece of a streamed block), the link's latency + bytes / bandwidth, each direction a separate link (PCIe is full duplex). A
 //    transfer's end is tracked on a per-direction clock, so sleep overshoot does not accumulate.
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <zenflow/zenflow.hpp>
 
@@ -65,6 +67,7 @@ class emulated_updater : public zenflow::fused_adamw<emulated_space> {
   using base = zenflow::fused_adamw<emulated_space>;
   std::uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   double pass_bytes_ = 0;  // this pass's gradient bytes so far
+  std::vector<zenflow::compaction_target> targets_;
 
  public:
   // The pass as the optimizer runs it, whole (one process) or in parts (data parallel with the
@@ -72,11 +75,23 @@ class emulated_updater : public zenflow::fused_adamw<emulated_space> {
   // gathered): the device time of reading the gradients, charged once per pass (one launch),
   // and fresh random column scores every step: each reselection picks a new random set, so the
   // bench pays the full cost of nearly all k columns changing sides (the worst case).
-  base::grad_summary gradient_pass(emulated_space& space) {
+  base::grad_summary gradient_pass(emulated_space& space) { return gradient_pass(space, false); }
+  // With `compact`, the offload's compaction in the same launch (as on a GPU): the columns that
+  // have a place are written once more (their values are not moved), instead of a compaction
+  // launch per matrix that reads them again.
+  base::grad_summary gradient_pass(emulated_space& space, bool compact) {
+    if (compact)
+      for (std::size_t i = 0; i < matrices() && i < targets_.size(); ++i) {
+        if (!targets_[i].slot) continue;
+        std::size_t n = 0;
+        for (std::size_t c = 0; c < matrix(i).p.cols; ++c) n += targets_[i].slot[c] != zenflow::no_slot;
+        pass_bytes_ += double(n * matrix(i).p.rows * zenflow::size_of(matrix(i).p.grad_type));
+      }
     for (std::size_t i = 0; i < matrices(); ++i) column_stats(space, i, 0, matrix(i).p.cols);
     vector_stats(space);
     return summarize();
   }
+  void set_compaction(emulated_space&, const zenflow::compaction_target* t) { targets_.assign(t, t + matrices()); }
   void column_stats(emulated_space&, std::size_t i, std::size_t c0, std::size_t c1) {
     auto& s = matrix(i);
     for (std::size_t c = c0; c < c1; ++c) {

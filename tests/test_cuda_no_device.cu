@@ -24,6 +24,7 @@ static_assert(filling_transport<cuda_pinned> && filling_transport<host_copy>);
 static_assert(block_streaming_transport<cuda_pinned, cuda_space> && block_streaming_transport<host_copy, host_space>);
 static_assert(ahead_transport<cuda_pinned> && ahead_transport<host_copy>);
 static_assert(device_topk_updater<fused_adamw<cuda_space>, cuda_space>);
+static_assert(compacting_updater<fused_adamw<cuda_space>, cuda_space> && offload_aware_scheduler<bounded_async>);
 static_assert(std::is_same_v<default_transport_t<cuda_space>, cuda_pinned>);
 static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);
 

@@ -194,7 +194,9 @@ TEST_CASE("cuda: column compaction, scatter and slot moves equal the host space'
 }
 
 // The gradient pass of both spaces on the same gradients: every per-column L1 and sum of
-// squares, the flags and the total are the same bits (the canonical order; every term exact).
+// squares, the flags and the total are the same bits (the canonical order; every term exact);
+// every other trial the device pass also compacts (the offload's compaction fused into it), which
+// changes none of those bits and writes each targeted column, and nothing else, to its place.
 TEST_CASE("cuda: the fused gradient pass gives the host space's bits" * doctest::skip(!has_gpu())) {
   zf_test::rng r(12);
   for (int trial = 0; trial < 12; ++trial) {
@@ -245,10 +247,50 @@ TEST_CASE("cuda: the fused gradient pass gives the host space's bits" * doctest:
     }
     hu.allocate();
     cu.allocate();
+    // The compacting pass's places: each matrix's columns in a random subset (none, some, all),
+    // at random distinct places of a block with room to spare; the device writes only there.
+    std::vector<compaction_target> htargets(nm), dtargets(nm);
+    std::vector<std::vector<std::uint32_t>> slots(nm);
+    std::vector<std::vector<unsigned char>> blocks(nm);
+    std::vector<device_array<std::uint32_t>> dslots;
+    std::vector<dev_bytes> dblocks;
+    for (std::size_t i = 0; i < nm; ++i) {
+      const std::size_t cols = mats[i].cols, col_bytes = mats[i].rows * size_of(mats[i].grad_type);
+      const unsigned keep = unsigned(r.below(4));  // 0: none, 3: every column, else about keep / 3
+      std::vector<std::uint32_t> place(cols + 2);
+      std::iota(place.begin(), place.end(), 0u);
+      for (std::size_t k = place.size() - 1; k > 0; --k) std::swap(place[k], place[r.below(k + 1)]);
+      slots[i].assign(cols, no_slot);
+      for (std::size_t c = 0; c < cols; ++c)
+        if (keep == 3 || (keep && r.below(3) < keep)) slots[i][c] = place[c];
+      blocks[i] = random_bytes(r, (cols + 2) * col_bytes);
+      dslots.push_back(to_device(slots[i]));
+      dblocks.emplace_back(blocks[i]);
+      htargets[i] = {blocks[i].data(), slots[i].data()};
+      dtargets[i] = {dblocks.back().d.data(), dslots.back().data()};
+    }
+    if (nm) {
+      hu.set_compaction(hs, htargets.data());
+      cu.set_compaction(cs, dtargets.data());
+    }
+    const bool compact = trial % 2 == 1;  // the plain pass and the compacting one, by turns
     const auto want = hu.gradient_pass(hs);
-    const auto got = cu.gradient_pass(cs);
+    const auto got = cu.gradient_pass(cs, compact);
     CHECK(got.finite == want.finite);
     if (poison) CHECK_FALSE(got.finite);
+    for (std::size_t i = 0; i < nm; ++i) {
+      CAPTURE(i);
+      // the host pass did not compact: the expected block, column by column from the gradient
+      std::vector<unsigned char> expect = blocks[i];
+      const std::size_t rows = mats[i].rows, es = size_of(mats[i].grad_type);
+      if (compact)
+        for (std::size_t c = 0; c < mats[i].cols; ++c)
+          if (slots[i][c] != no_slot)
+            for (std::size_t e = 0; e < rows; ++e)
+              std::memcpy(expect.data() + (std::size_t(slots[i][c]) * rows + e) * es,
+                          grads[i].data() + element_offset(mats[i].layout, rows, mats[i].cols, e, c) * es, es);
+      CHECK(dblocks[i].get() == expect);  // (every value's bits: a non-finite one too)
+    }
     if (!want.finite) continue;  // (the scores of a non-finite gradient are never used)
     CHECK(got.sumsq == want.sumsq);  // bit-identical: the canonical order
     for (score_kind k : {score_kind::l1, score_kind::l2sq}) {

@@ -78,8 +78,39 @@ TEST_CASE("gradient pass: the host space follows the canonical order exactly") {
     for (auto& m : mats) u.add_matrix({nullptr, m.g.data(), m.rows, m.cols, dtype::f32, m.t, m.layout}, 1);
     for (auto& [t, g] : vecs) u.add_vector({nullptr, g.data(), g.size() / size_of(t), dtype::f32, t});
     u.allocate();
-    const auto got = u.gradient_pass(hs);
+    // every other pair of trials the pass also compacts (the offload's compaction fused into
+    // it): a random subset of each matrix's columns to random distinct places of a block; the
+    // statistics below must not change, and the blocks must hold exactly those columns
+    const bool compact = trial % 4 >= 2;
+    std::vector<std::vector<std::uint32_t>> slots(mats.size());
+    std::vector<std::vector<unsigned char>> blocks(mats.size());
+    std::vector<compaction_target> targets(mats.size());
+    for (std::size_t mi = 0; mi < mats.size(); ++mi) {
+      const mat& m = mats[mi];
+      std::vector<std::uint32_t> place(m.cols + 1);
+      for (std::size_t k = 0; k < place.size(); ++k) place[k] = std::uint32_t(k);
+      for (std::size_t k = place.size() - 1; k > 0; --k) std::swap(place[k], place[r.below(k + 1)]);
+      slots[mi].assign(m.cols, no_slot);
+      for (std::size_t c = 0; c < m.cols; ++c)
+        if (r.below(2)) slots[mi][c] = place[c];
+      blocks[mi].assign((m.cols + 1) * m.rows * size_of(m.t), 0xA5);
+      targets[mi] = {blocks[mi].data(), slots[mi].data()};
+    }
+    u.set_compaction(hs, targets.data());
+    const auto got = u.gradient_pass(hs, compact);
     REQUIRE(got.finite);
+    for (std::size_t mi = 0; mi < mats.size(); ++mi) {
+      const mat& m = mats[mi];
+      const std::size_t es = size_of(m.t);
+      std::vector<unsigned char> want((m.cols + 1) * m.rows * es, 0xA5);
+      if (compact)
+        for (std::size_t c = 0; c < m.cols; ++c)
+          if (slots[mi][c] != no_slot)
+            for (std::size_t i = 0; i < m.rows; ++i)
+              std::memcpy(want.data() + (std::size_t(slots[mi][c]) * m.rows + i) * es,
+                          m.g.data() + element_offset(m.layout, m.rows, m.cols, i, c) * es, es);
+      CHECK(blocks[mi] == want);
+    }
 
     std::vector<double> partials;
     double sequential = 0;  // a plain left-to-right sum of the same squares, for contrast

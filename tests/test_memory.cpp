@@ -8,7 +8,8 @@
 // a reselection's plan (4 per selected column of the widest selection), and the device end of
 // chunked transfers (whole columns of the staging area); with overlap, also the compaction
 // buffer of the unselected gradient columns (the background offload), each matrix's block
-// rounded up to 256 bytes.
+// rounded up to 256 bytes, and 4 bytes per column (its place there, for the compaction fused
+// into the gradient pass).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -48,8 +49,9 @@ TEST_CASE("stats: memory held follows the closed form") {
     const std::size_t dev_stage = std::max(stage / 4 / R1 * R1 * 4, stage / 4 / R2 * R2 * 4);
     // with overlap, the unselected gradient columns compacted for the background offload:
     // (cols - k) * rows in the grad dtype (bf16: 2 bytes, f32: 4): 11520 bytes (a multiple of
-    // 256) and 5400, rounded up to 5632
-    const std::size_t compact = overlap ? 11520 + 5632 : 0;
+    // 256) and 5400, rounded up to 5632; and each column's place in it (4 bytes a column, for the
+    // compaction fused into the gradient pass)
+    const std::size_t compact = overlap ? 11520 + 5632 + 4 * (C1 + C2) : 0;
     const std::size_t slots = 4 * 4 * 10;
     const std::size_t device =
         dev_matrix(R1, C1, 10, 4) + dev_matrix(R2, C2, 5, 0) + 8 * N + 9 * 1 + slots + dev_stage + compact;

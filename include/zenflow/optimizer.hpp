@@ -125,6 +125,11 @@ class optimizer {
       };
     else return false;
   }();
+  // The offload's compaction fused into the gradient pass (see step_checked): an updater whose
+  // pass can also compact, a scheduler that tells whether its offload lane is idle, and the
+  // whole pass on every rank (not the sharded one, whose pass runs in parts).
+  static constexpr bool fusable_compaction =
+      !sharded_reduction && compacting_updater<GpuUpdater, Space> && offload_aware_scheduler<Scheduler>;
 
  public:
   explicit optimizer(const config& cfg)
@@ -177,6 +182,7 @@ class optimizer {
       host_ = HostAccumulator(cfg_.host_threads);
       updater_ = GpuUpdater{};
       grad_compact_ = {};
+      compact_slot_ = {};
       dev_stage_ = {};
       slots_dev_ = {};
       compacted_ = {};
@@ -292,7 +298,7 @@ class optimizer {
       s.host_pageable_bytes = host_.bytes_allocated() + (on_host ? comm_bytes : 0);
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
       s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + ahead_.size() +
-                       4 * slots_dev_.size() +
+                       4 * slots_dev_.size() + 4 * compact_slot_.size() +
                        (on_host ? 0 : comm_bytes);
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
     }
@@ -774,10 +780,13 @@ class optimizer {
   // nothing; a step whose gradient is not finite, or whose norm once unscaled and clipped exceeds
   // max_applied_norm (which also keeps every element and its square finite), is skipped.
   step_info step_checked(float grad_scale) {
+    const bool fuse = fuse_compaction();
     const auto summary = [&] {
       if constexpr (sharded_reduction) return sharded_gradient_pass();
+      else if constexpr (fusable_compaction) return updater_.gradient_pass(space_, fuse);
       else return updater_.gradient_pass(space_);
     }();
+    if (fuse) space_.record(compacted_);  // (a skipped step leaves the compacted block unused)
     const double inv = 1.0 / double(grad_scale);
     double clip = 1.0;
     if (cfg_.max_grad_norm > 0) {
@@ -814,7 +823,7 @@ class optimizer {
       if (cfg_.update_interval.automatic) updater_.enqueue_masses(space_);  // (this step's selection)
     if constexpr (sharded_reduction) gather_selected_grads();
     updater_.update(space_, factor, cfg_.adam);
-    if (async_offload_) offload_async(factor);
+    if (async_offload_) offload_async(factor, fuse);
     else offload(factor);
     ++window_steps_;
     if (cfg_.update_interval.automatic ? auto_boundary(factor)
@@ -824,6 +833,26 @@ class optimizer {
     }
     applied_ = info.t;
     return info;
+  }
+
+  // Whether this step's gradient pass also does the offload's compaction. That needs the step's
+  // unselected columns known before the pass — an overlapped offload after the first selection,
+  // on a step that neither warms up nor selects (both decided by counters the pass does not
+  // change; a step the pass then skips just leaves its compacted block unused) — and the
+  // compaction buffer free: the offload lane idle, so no transfer of the last step still reads
+  // it. A lane still busy is not waited for here (the pass would wait with it); that step
+  // compacts after its update as before, which copies the same bytes to the same places.
+  bool fuse_compaction() const {
+    if constexpr (fusable_compaction) {
+      if (!async_offload_ || !compact_fits()) return false;
+      const std::uint64_t t = applied_ + 1;
+      if (t <= cfg_.full_warm_up_rounds) return false;  // (step_checked's conditions, as they will be)
+      if (window_steps_ == 0 && any_selected_ && (!selected_once_ || t - last_selection_ >= cfg_.select_steps()))
+        return false;
+      return !scheduler_.offload_busy();
+    } else {
+      return false;
+    }
   }
 
   // Runs f; if it throws, the optimizer may be half-way through a step or a transfer, so it
@@ -949,16 +978,29 @@ class optimizer {
         // Room for the unselected gradient columns of every matrix (of this rank's blocks),
         // compacted on the device so the offload can run behind the next forward/backward (the
         // grad buffers are free again).
-        std::size_t bytes = 0;
+        // Each matrix's block has a fixed place: room for the most columns it can offload once
+        // the first selection is made (before it, the offload is synchronous).
+        compact_offset_.assign(matrices_.size() + 1, 0);
         for (std::size_t i = 0; i < matrices_.size(); ++i) {
           const matrix_param& p = matrices_[i];
           const std::size_t most = std::min(p.cols - updater_.matrix(i).k, host_.matrix(i).cols);
-          bytes += align_up(most * p.rows * size_of(p.grad_type));
+          compact_offset_[i + 1] = compact_offset_[i] + align_up(most * p.rows * size_of(p.grad_type));
         }
-        grad_compact_ = typename Space::template buffer<unsigned char>(bytes);
+        grad_compact_ = typename Space::template buffer<unsigned char>(compact_offset_.back());
         compacted_.create();
-        compact_offset_.assign(matrices_.size(), 0);
         async_offload_ = true;
+        if constexpr (fusable_compaction) {
+          // each column's place in its matrix's block (4 bytes a column), kept by set_unselected
+          std::size_t cols = 0;
+          for (const matrix_param& p : matrices_) cols += p.cols;
+          compact_slot_ = typename Space::template buffer<std::uint32_t>(cols);
+          std::vector<compaction_target> targets(matrices_.size());
+          for (std::size_t i = 0, at = 0; i < matrices_.size(); at += matrices_[i].cols, ++i) {
+            if (!resident(i)) targets[i] = {grad_compact_.data() + compact_offset_[i], compact_slot_.data() + at};
+            write_slots(i);
+          }
+          updater_.set_compaction(space_, targets.data());
+        }
       }
     }
     space_.fence();
@@ -1132,6 +1174,19 @@ class optimizer {
       own.clear();
       for (auto it = from; it != to; ++it) own.push_back(*it - c0);
     }
+    if (compact_slot_.size()) write_slots(i);
+  }
+  // The compaction's slot table of matrix i (fused into the gradient pass): host_unselected's
+  // k-th column (of the device's numbering) to place k of the matrix's block, every other column
+  // nowhere.
+  void write_slots(std::size_t i) {
+    std::size_t at = 0;
+    for (std::size_t j = 0; j < i; ++j) at += matrices_[j].cols;
+    slot_scratch_.assign(matrices_[i].cols, no_slot);
+    const std::uint32_t* list = host_unselected(i);
+    const std::size_t c0 = col_begin(i, comm_.rank());
+    for (std::size_t k = 0, n = host_unselected_count(i); k < n; ++k) slot_scratch_[c0 + list[k]] = std::uint32_t(k);
+    space_.upload(compact_slot_.data() + at, slot_scratch_.data(), 4 * slot_scratch_.size());
   }
 
   template <class T>
@@ -1195,29 +1250,37 @@ class optimizer {
       gather_grad(i, active_acc_, host_unselected(i), host_unselected_dev(i), host_unselected_count(i), factor);
   }
 
+  // Whether every matrix's unselected columns (this rank's) fit its block of the compaction
+  // buffer: always, once a first selection has been made (and from the start where no matrix
+  // selects a column).
+  bool compact_fits() const noexcept {
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      if (host_unselected_count(i) * matrices_[i].rows * size_of(matrices_[i].grad_type) >
+          compact_offset_[i + 1] - compact_offset_[i])
+        return false;
+    return true;
+  }
   // The same offload behind the device: the unselected columns are compacted on the device now
   // (the trainer may overwrite its grad buffers once the device has passed this point); their
   // transfer and accumulation run on the scheduler's offload lane, one step in flight, starting
   // when the device reaches the recorded event. The accumulation is the same calls in the same
-  // order as offload(), so results are identical.
-  void offload_async(float factor) {
-    scheduler_.wait_offload();  // the previous step's transfer still reads the compaction buffer
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < matrices_.size(); ++i)
-      at += align_up(host_unselected_count(i) * matrices_[i].rows * size_of(matrices_[i].grad_type));
-    if (at > grad_compact_.size()) return offload(factor);  // only before a first selection
-    at = 0;
+  // order as offload(), so results are identical. `compacted`: the gradient pass did the
+  // compaction already (fuse_compaction).
+  void offload_async(float factor, bool compacted) {
+    // the previous step's transfer still reads the compaction buffer (when compacted, the lane
+    // was idle before the pass: this only reports what its job threw)
+    scheduler_.wait_offload();
+    if (!compact_fits()) return offload(factor);  // only before a first selection
     std::uint64_t job_bytes = 0;
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const matrix_param& p = matrices_[i];
       const std::size_t n = host_unselected_count(i);
-      space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, host_unselected_dev(i), n,
-                             grad_compact_.data() + at);
-      compact_offset_[i] = at;
-      at += align_up(n * p.rows * size_of(p.grad_type));
+      if (!compacted)
+        space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, host_unselected_dev(i), n,
+                               grad_compact_.data() + compact_offset_[i]);
       job_bytes += n * p.rows * size_of(p.grad_type);
     }
-    space_.record(compacted_);
+    if (!compacted) space_.record(compacted_);
     // stats() counts this step's bytes now, not when the lane gets to them: the only device-to-
     // host traffic while the job runs is the job's own (the lane was idle above; selections and
     // saves wait for it first), so the transport's count will reach exactly this.
@@ -1658,7 +1721,10 @@ class optimizer {
   std::vector<detail::pooled_array<Space, std::uint32_t>> lists_dev_;
   typename Space::template buffer<std::uint32_t> slots_dev_;
   typename Space::event compacted_;
-  std::vector<std::size_t> compact_offset_;
+  std::vector<std::size_t> compact_offset_;  // matrix i's block in grad_compact_ (fixed), then the end
+  // fused compaction: matrix by matrix, each column's place in its block (write_slots)
+  typename Space::template buffer<std::uint32_t> compact_slot_;
+  std::vector<std::uint32_t> slot_scratch_;
   int active_acc_ = 0;
   std::uint64_t applied_ = 0, steps_ = 0, skipped_ = 0, selections_ = 0, host_updates_ = 0;
   std::uint64_t last_selection_ = 0, window_steps_ = 0;

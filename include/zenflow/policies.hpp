@@ -115,6 +115,29 @@ concept host_accumulator_policy = requires(T& h, const void* src, void* dst, con
   { h.stage() } -> std::convertible_to<void*>;
 };
 
+// Where the gradient pass may also compact a matrix's gradient columns (the offload's
+// compaction, fused into the pass on steps whose selection is already known): column c goes to
+// column slot[c] of the compact [n][rows] block at dst (grad dtype, each column contiguous), or
+// nowhere when slot[c] is no_slot. Both pointers are the space's device memory; a null slot
+// table: nothing of this matrix.
+struct compaction_target {
+  void* dst = nullptr;
+  const std::uint32_t* slot = nullptr;
+};
+inline constexpr std::uint32_t no_slot = 0xffffffffu;
+
+// a GpuUpdater whose gradient pass can also do the offload's compaction (fused_adamw)
+template <class T, class Space>
+concept compacting_updater = requires(T& u, Space& s, const compaction_target* t) {
+  u.gradient_pass(s, true);
+  u.set_compaction(s, t);
+};
+// a Scheduler that tells whether a gradient offload is in flight (bounded_async)
+template <class T>
+concept offload_aware_scheduler = requires(const T& s) {
+  { s.offload_busy() } -> std::convertible_to<bool>;
+};
+
 template <class T, class Space>
 concept gpu_updater_policy = requires(T& u, Space& space, const matrix_param& m, const vector_param& v,
                                       const adamw_hyper& hyper) {

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../adamw.hpp"
@@ -114,20 +115,79 @@ __device__ __forceinline__ void accumulate(float v, double& a, double& q, bool& 
 inline constexpr unsigned grad_unroll = 8;
 
 // Lane sums of one contiguous run of `end` values (a column, or a vector's chunk): lane j adds
-// values j, j+32, ... in order. Full tiles of 32*Unroll values load without bounds checks.
-template <class G>
+// values j, j+32, ... in order. Full tiles of 32*Unroll values load without bounds checks. With
+// Store, every value is also copied to out (the compaction fused into the pass).
+template <class G, bool Store = false>
 __device__ __forceinline__ void contiguous_sums(const G* __restrict__ col, std::uint64_t end, unsigned lane,
-                                                double& a, double& q, bool& finite) {
+                                                double& a, double& q, bool& finite, G* __restrict__ out = nullptr) {
   constexpr std::uint64_t tile = 32 * grad_unroll;
   const std::uint64_t full = end / tile * tile;
   for (std::uint64_t base = 0; base < full; base += tile) {
-    float v[grad_unroll];
+    G v[grad_unroll];
 #pragma unroll
-    for (unsigned u = 0; u < grad_unroll; ++u) v[u] = to_float(col[base + lane + 32 * u]);
+    for (unsigned u = 0; u < grad_unroll; ++u) v[u] = col[base + lane + 32 * u];
+    if constexpr (Store) {
 #pragma unroll
-    for (unsigned u = 0; u < grad_unroll; ++u) accumulate(v[u], a, q, finite);
+      for (unsigned u = 0; u < grad_unroll; ++u) out[base + lane + 32 * u] = v[u];
+    }
+#pragma unroll
+    for (unsigned u = 0; u < grad_unroll; ++u) accumulate(to_float(v[u]), a, q, finite);
   }
-  for (std::uint64_t i = full + lane; i < end; i += 32) accumulate(to_float(col[i]), a, q, finite);
+  for (std::uint64_t i = full + lane; i < end; i += 32) {
+    const G v = col[i];
+    if constexpr (Store) out[i] = v;
+    accumulate(to_float(v), a, q, finite);
+  }
+}
+
+// Row-major lane sums of column c (thread (x, y) of the block: rows y, y+8, ... in 32-row tiles,
+// the order of gradient_group's plain loop) with the group's 32 columns also compacted: each
+// 64-row tile goes through shared memory, so that each compacted column's rows are written by
+// the consecutive lanes of a warp. Every thread of the block runs every tile (two barriers each).
+template <class G>
+__device__ __forceinline__ void row_major_compacting(const G* __restrict__ grad, std::uint64_t rows, std::uint64_t cols,
+                                                     std::uint64_t c, G* __restrict__ out, const std::uint32_t* slot,
+                                                     G (*tile)[33], double (&a)[4], double (&q)[4], bool& finite) {
+  const unsigned x = threadIdx.x % 32, y = threadIdx.x / 32;
+  const bool has = c < cols;
+  const G* __restrict__ col = grad + (has ? c : 0);
+  for (std::uint64_t base = 0; base < rows; base += 64) {
+    G v[8];
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) v[u] = G{};
+    if (has) {
+      if (base + 64 <= rows) {
+#pragma unroll
+        for (unsigned u = 0; u < 8; ++u) v[u] = col[(base + y + 8 * u) * cols];
+#pragma unroll
+        for (unsigned u = 0; u < 8; ++u) accumulate(to_float(v[u]), a[u % 4], q[u % 4], finite);
+      } else {
+#pragma unroll
+        for (unsigned u = 0; u < 8; ++u) {
+          const std::uint64_t i = base + y + 8 * u;
+          if (i < rows) {
+            v[u] = col[i * cols];
+            accumulate(to_float(v[u]), a[u % 4], q[u % 4], finite);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) tile[y + 8 * u][x] = v[u];
+    __syncthreads();
+    // warp y: columns y, y+8, y+16, y+24 of the group; lane x: rows base + x and base + 32 + x
+#pragma unroll
+    for (unsigned t = 0; t < 4; ++t) {
+      const unsigned xx = y + 8 * t;
+      const std::uint32_t at = slot[xx];
+      if (at != no_slot) {
+        G* __restrict__ dst = out + std::uint64_t(at) * rows + base;
+        if (base + x < rows) dst[x] = tile[x][xx];
+        if (base + 32 + x < rows) dst[32 + x] = tile[32 + x][xx];
+      }
+    }
+    __syncthreads();  // the tile is refilled by the next rows
+  }
 }
 
 // gradient_pass's shared memory (declared once in the kernel: each instantiation of the typed
@@ -140,11 +200,19 @@ struct gradient_shared {
   unsigned last;  // is this block the launch's last to finish?
   int fold_bad;
 };
+// ... and the compacting pass's: the group's columns' places, and a 64-row tile of any grad type
+struct compacting_shared : gradient_shared {
+  std::uint32_t slot[32];
+  alignas(16) unsigned char tile[64 * 33 * 4];
+};
 
-// The body of gradient_pass for one gradient type (the segment's, dispatched once per block).
-template <class G>
-__device__ __forceinline__ void gradient_group(const grad_segment& s, std::uint64_t g, double* partials,
-                                               unsigned char* group_bad, gradient_shared& sh) {
+// The body of gradient_pass for one gradient type (the segment's, dispatched once per block);
+// Shared is compacting_shared when the pass also compacts: the columns of the group that target
+// places (t.slot) are copied there too.
+template <class G, class Shared>
+__device__ __forceinline__ void gradient_group(const grad_segment& s, const compaction_target& ct, std::uint64_t g,
+                                               double* partials, unsigned char* group_bad, Shared& sh) {
+  constexpr bool compacting = std::is_same_v<Shared, compacting_shared>;
   auto& lane_a = sh.lane_a;
   auto& lane_q = sh.lane_q;
   auto& lane_bad = sh.lane_bad;
@@ -170,6 +238,7 @@ __device__ __forceinline__ void gradient_group(const grad_segment& s, std::uint6
       col_bad[x] = c < cols && !all_finite;
     }
   };
+  G* __restrict__ out = static_cast<G*>(ct.dst);
   if (s.layout == matrix_layout::column_contiguous) {
     // warp w: columns w, w+8, w+16, w+24 of the group; lane j: rows j, j+32, ... (contiguous)
     for (unsigned t = 0; t < 4; ++t) {
@@ -180,7 +249,15 @@ __device__ __forceinline__ void gradient_group(const grad_segment& s, std::uint6
       if (c < cols) {
         // rows of this column (a vector's last chunk is shorter)
         const std::uint64_t end = s.n && s.n - c * rows < rows ? s.n - c * rows : rows;
-        contiguous_sums(grad + c * rows, end, lane, a, q, finite);
+        if constexpr (compacting) {
+          const std::uint32_t at = ct.slot ? ct.slot[c] : no_slot;  // (the warp's column)
+          if (at != no_slot)
+            contiguous_sums<G, true>(grad + c * rows, end, lane, a, q, finite, out + std::uint64_t(at) * rows);
+          else
+            contiguous_sums(grad + c * rows, end, lane, a, q, finite);
+        } else {
+          contiguous_sums(grad + c * rows, end, lane, a, q, finite);
+        }
       }
       finish_column(x, a, q, finite);
     }
@@ -190,7 +267,18 @@ __device__ __forceinline__ void gradient_group(const grad_segment& s, std::uint6
     double a[4] = {0, 0, 0, 0}, q[4] = {0, 0, 0, 0};
     bool finite = true;
     const std::uint64_t c = c0 + x;
-    if (c < cols) {
+    bool compact_rows = false;  // (the same for the whole block)
+    if constexpr (compacting) {
+      if (ct.slot) {
+        if (threadIdx.x < 32) sh.slot[threadIdx.x] = c < cols ? ct.slot[c] : no_slot;
+        __syncthreads();
+        compact_rows = __syncthreads_or(sh.slot[x] != no_slot) != 0;
+      }
+    }
+    if (compact_rows) {
+      if constexpr (compacting)
+        row_major_compacting(grad, rows, cols, c, out, sh.slot, reinterpret_cast<G(*)[33]>(sh.tile), a, q, finite);
+    } else if (c < cols) {
       const G* __restrict__ col = grad + c;
       const std::uint64_t full = rows / 64 * 64;
       for (std::uint64_t base = 0; base < full; base += 64) {  // two 32-row tiles, loads first
@@ -280,17 +368,21 @@ __device__ __forceinline__ void fold_partials(const double* partials, const unsi
 // launch: each block, once its group's partial is written, fences and takes a ticket; the block
 // that takes the last one folds every partial into `out` and resets the ticket counter `done`
 // for the next launch (stream-ordered after this one).
-template <int = 0>
-__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, double* partials,
-                                                     unsigned char* group_bad, unsigned* done, grad_totals* out) {
+// Compacting: `targets` (one per segment, the vectors' empty) say where the columns also go.
+template <bool Compacting>
+__global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, int nseg, const compaction_target* targets,
+                                                     double* partials, unsigned char* group_bad, unsigned* done,
+                                                     grad_totals* out) {
   static_assert(device::total_lanes == 256, "the fold needs a thread per lane");
   const std::uint64_t g = blockIdx.x;
-  __shared__ gradient_shared sh;
-  const grad_segment s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
+  __shared__ std::conditional_t<Compacting, compacting_shared, gradient_shared> sh;
+  const int si = find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; });
+  const grad_segment s = segs[si];
+  const compaction_target ct = Compacting ? targets[si] : compaction_target{};
   switch (s.type) {
-    case dtype::bf16: gradient_group<bfloat16>(s, g, partials, group_bad, sh); break;
-    case dtype::f16: gradient_group<float16>(s, g, partials, group_bad, sh); break;
-    default: gradient_group<float>(s, g, partials, group_bad, sh); break;
+    case dtype::bf16: gradient_group<bfloat16>(s, ct, g, partials, group_bad, sh); break;
+    case dtype::f16: gradient_group<float16>(s, ct, g, partials, group_bad, sh); break;
+    default: gradient_group<float>(s, ct, g, partials, group_bad, sh); break;
   }
   __threadfence();  // (thread 0 wrote this group's partial and flag) visible device-wide first
   if (threadIdx.x == 0) sh.last = atomicAdd(done, 1u) == gridDim.x - 1 ? 1u : 0u;
@@ -544,20 +636,39 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
 
   // The gradient pass, enqueued on the space's stream (no wait): one launch writes the per-column
   // scores and flags, and its last block the 16-byte summary, in device memory.
-  void enqueue_gradient_pass(cuda_space& space) {
+  // With `compact`, the pass also copies each matrix's columns to the places set_compaction()
+  // gave (the offload's compaction, the gradient read once for both; the same statistics).
+  void enqueue_gradient_pass(cuda_space& space, bool compact = false) {
     stream_ = space.stream();
     scores_valid_[0] = scores_valid_[1] = false;
     if (groups_ == 0) return;
-    cuda_kernels::gradient_pass<<<unsigned(groups_), 256, 0, stream_>>>(
-        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data(),
-        pass_done_.data(), totals_.data());
-    ZF_CUDA_CHECK_LAUNCH("gradient_pass");
+    const int nseg = int(matrices_.size() + vectors_.size());
+    if (compact && targets_.size()) {
+      cuda_kernels::gradient_pass<true><<<unsigned(groups_), 256, 0, stream_>>>(
+          grad_segs_.data(), nseg, targets_.data(), partials_.data(), group_bad_.data(), pass_done_.data(),
+          totals_.data());
+      ZF_CUDA_CHECK_LAUNCH("gradient_pass (compacting)");
+    } else {
+      cuda_kernels::gradient_pass<false><<<unsigned(groups_), 256, 0, stream_>>>(
+          grad_segs_.data(), nseg, nullptr, partials_.data(), group_bad_.data(), pass_done_.data(), totals_.data());
+      ZF_CUDA_CHECK_LAUNCH("gradient_pass");
+    }
+  }
+  // Where a compacting pass puts each matrix's columns: targets[i] for matrix i (device
+  // pointers; the slot tables are read at each compacting pass). Uploaded once.
+  void set_compaction(cuda_space& space, const compaction_target* targets) {
+    std::vector<compaction_target> all(matrices_.size() + vectors_.size());  // (the vectors': none)
+    std::copy(targets, targets + matrices_.size(), all.begin());
+    targets_ = buffer<compaction_target>(all.size());
+    stream_ = space.stream();
+    upload(targets_.data(), all.data(), all.size() * sizeof(all[0]));
   }
 
-  grad_summary gradient_pass(cuda_space& space) {
+  grad_summary gradient_pass(cuda_space& space) { return gradient_pass(space, false); }
+  grad_summary gradient_pass(cuda_space& space, bool compact) {
     stream_ = space.stream();
     if (groups_ == 0) return {true, 0.0};
-    enqueue_gradient_pass(space);
+    enqueue_gradient_pass(space, compact);
     ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
                                 cudaMemcpyDeviceToHost, stream_));
     // wait on a blocking-sync event: the thread sleeps through the trainer's backward instead of
@@ -686,7 +797,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     for (const auto& s : matrices_) b += s.slot_bytes() + sizeof(adamw_coeffs) * s.coeffs.size();
     for (const auto& v : vectors_) b += v.state_bytes();
     b += 8 * (l1_.size() + sumsq_.size() + partials_.size()) + bad_.size() + group_bad_.size();
-    b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(cuda_kernels::grad_totals) * totals_.size() +
+    b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(compaction_target) * targets_.size() +
+         sizeof(cuda_kernels::grad_totals) * totals_.size() +
          4 * pass_done_.size();
     b += sizeof(cuda_kernels::update_segment) * upd_segs_.size() + sizeof(cuda_kernels::coeff_segment) * coeff_segs_.size();
     b += 8 * (offsets_.size() + keys_out_.size() + chosen_n_.size()) +
@@ -709,6 +821,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   buffer<double> l1_, sumsq_, partials_;
   buffer<unsigned char> bad_, group_bad_;
   buffer<cuda_kernels::grad_segment> grad_segs_;
+  buffer<compaction_target> targets_;  // per segment (set_compaction; empty: never compacts)
   buffer<cuda_kernels::grad_totals> totals_;
   buffer<unsigned> pass_done_;
   pinned_array<cuda_kernels::grad_totals> totals_host_;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "../config.hpp"
 #include "../host/kernel_table.hpp"
 #include "../params.hpp"
+#include "../policies.hpp"
 #include "functors.hpp"
 #include "updater_state.hpp"
 
@@ -96,22 +98,48 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   // One pass over every gradient: per-column L1 and sum of squares, non-finite flags; the total
   // sum of squares in the canonical order of functors.hpp (the same bits on every space and
   // thread count).
-  grad_summary gradient_pass(Space& space) {
-    for (std::size_t i = 0; i < matrices_.size(); ++i) column_stats(space, i, 0, matrices_[i].p.cols);
+  grad_summary gradient_pass(Space& space) { return gradient_pass(space, false); }
+  // The same pass, and with `compact` each matrix's columns copied to the places
+  // set_compaction() gave (the gradient is read once for both). The statistics are the same bits.
+  grad_summary gradient_pass(Space& space, bool compact) {
+    for (std::size_t i = 0; i < matrices_.size(); ++i) column_stats(space, i, 0, matrices_[i].p.cols, compact);
     vector_stats(space);
     return summarize();
+  }
+  // One target per matrix (copied; the tables they point at are read at each compacting pass).
+  void set_compaction(Space&, const compaction_target* targets) {
+    targets_.assign(targets, targets + matrices_.size());
   }
   // The pass in parts, for a data-parallel optimizer whose rank holds the reduced gradient of
   // some columns only: the statistics of columns [c0, c1) of matrix i (those of the others it
   // writes into the per-column arrays itself: column_l1/column_sumsq/column_bad), of every
   // vector, and the summary once every column's are in place (the same bits as gradient_pass).
-  void column_stats(Space& space, std::size_t i, std::size_t c0, std::size_t c1) {
+  void column_stats(Space& space, std::size_t i, std::size_t c0, std::size_t c1, bool compact = false) {
     auto& s = matrices_[i];
+    const compaction_target t = compact && i < targets_.size() ? targets_[i] : compaction_target{};
     visit_dtype(s.p.grad_type, [&](auto gtag) {
       using G = typename decltype(gtag)::type;
       const device::column_stats_fn<G> f{static_cast<const G*>(s.p.grad), s.p.rows, s.p.cols, s.p.layout,
                                          s.l1.data(), s.sumsq.data(), s.bad.data()};
-      space.parallel_for(c1 - c0, [=](std::size_t c) { f(c0 + c); });
+      if (!t.slot) {
+        space.parallel_for(c1 - c0, [=](std::size_t c) { f(c0 + c); });
+        return;
+      }
+      const G* grad = f.grad;
+      G* out = static_cast<G*>(t.dst);
+      const std::uint32_t* slot = t.slot;
+      const std::size_t rows = s.p.rows, cols = s.p.cols;
+      const matrix_layout layout = s.p.layout;
+      space.parallel_for(c1 - c0, [=](std::size_t k) {
+        const std::size_t c = c0 + k;
+        f(c);
+        const std::uint32_t at = slot[c];
+        if (at == no_slot) return;
+        G* dst = out + std::size_t(at) * rows;
+        if (layout == matrix_layout::column_contiguous) std::memcpy(dst, grad + c * rows, rows * sizeof(G));
+        else
+          for (std::size_t r = 0; r < rows; ++r) dst[r] = grad[r * cols + c];
+      });
     });
   }
   void vector_stats(Space& space) {
@@ -217,6 +245,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   static std::size_t groups(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
 
   std::vector<std::pair<double, double>> masses_;  // Zen-auto, per matrix (selected, all)
+  std::vector<compaction_target> targets_;          // per matrix (set_compaction)
   std::vector<double> partials_;  // host scratch of the total (8 bytes per 32 columns)
 };
 

@@ -119,6 +119,8 @@ class bounded_async {
   void wait_offload() { add_stall(offload_.wait()); }
   // The same wait from a host job: not device idle time, not counted.
   void wait_offload_quiet() { offload_.wait(); }
+  // Whether an offload is in flight (a job that has finished, even with an error, is not).
+  bool offload_busy() const { return offload_.busy(); }
 
   bool busy() const { return update_.busy() || offload_.busy(); }
   double stall_seconds() const {
