@@ -34,6 +34,7 @@
 #include <zenflow/mpi.hpp>
 #include <zenflow/zenflow.hpp>
 
+#include "compaction_support.hpp"
 #include "data_parallel_support.hpp"
 
 using namespace zenflow;
@@ -515,6 +516,22 @@ TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient,
   const std::size_t R = std::size_t(ranks());
   const std::size_t mine = detail::shard_begin(n_all, ranks(), my_rank() + 1) - detail::shard_begin(n_all, ranks(), my_rank());
   CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * 4 * ((n_all - mine) + mine * (R - 1)));
+  // With the whole gradient on every rank the offload's compaction can run in the gradient pass
+  // (each rank places only its own block's unselected columns): forced on every step that can
+  // (compaction_support.hpp), the same state.
+  zf_test::counting_updater<>::compacting = 0;
+  model f;
+  optimizer<host_space, column_topk, zf_test::counting_updater<>, simd_accumulator, host_copy, zf_test::lane_idle,
+            mpi_allreduce_communicator>
+      fused(cfg, mpi_allreduce_communicator(MPI_COMM_WORLD));
+  f.add_to(fused);
+  fused.initialize();
+  for (int s = 0; s < n; ++s) {
+    src.local_grads(f, s);
+    fused.step();
+  }
+  CHECK(zf_test::counting_updater<>::compacting > 0);
+  CHECK(state_of(fused, f) == reference_run(src, reduce_op::mean, true, n).state);
 }
 
 // Reduction rounds of 16 elements: shorter than a row of either matrix (40 and 24 columns), so

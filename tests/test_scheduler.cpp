@@ -14,6 +14,7 @@
 
 #include <zenflow/zenflow.hpp>
 
+#include "compaction_support.hpp"
 #include "optimizer_harness.hpp"
 
 using namespace zenflow;
@@ -253,61 +254,42 @@ TEST_CASE("copy_params_synchronized: what synchronize() would show, without chan
   CHECK(a.w2 == c.w2);
 }
 
-namespace {
-
-// The offload's compaction fused into the gradient pass. Two schedulers of the test's own make
-// the choice deterministic: lane_idle finishes each offload before step() returns (so the lane is
-// idle at every next step: every step that can fuse does), lane_busy reports its lane busy
-// whenever asked (no step fuses; offload_async still waits for the real job). An updater that
-// counts its passes by kind shows which path ran.
-struct lane_idle : bounded_async {
-  template <class Job>
-  void launch_offload(Job&& job) {
-    bounded_async::launch_offload(std::forward<Job>(job));
-    wait_offload_quiet();
-  }
-};
 static_assert(compacting_updater<fused_adamw<host_space>, host_space> && offload_aware_scheduler<bounded_async> &&
               !offload_aware_scheduler<synchronous>);
-struct lane_busy : bounded_async {
-  bool offload_busy() const { return true; }
-};
-struct counting_updater : fused_adamw<host_space> {
-  static inline int compacting = 0, plain = 0;
-  grad_summary gradient_pass(host_space& s) { return gradient_pass(s, false); }
-  grad_summary gradient_pass(host_space& s, bool compact) {
-    ++(compact ? compacting : plain);
-    return fused_adamw<host_space>::gradient_pass(s, compact);
-  }
-};
-template <class Sched>
-using zf_counted = optimizer<host_space, column_topk, counting_updater, simd_accumulator, host_copy, Sched>;
 
+namespace {
+using counted = zf_test::counting_updater<>;
+template <class Sched>
+using zf_counted = optimizer<host_space, column_topk, counted, simd_accumulator, host_copy, Sched>;
 }  // namespace
 
+// The offload's compaction fused into the gradient pass (compaction_support.hpp's policies make
+// the choice deterministic): with the lane idle at every step, every step that can fuse does,
+// checked against the reference model at every step; with the lane reported busy, none does; the
+// two runs are bit-identical.
 TEST_CASE("the offload's compaction fused into the gradient pass: the reference's bits, the same as compacting after the update") {
   int fused_somewhere = 0;
   for (std::uint64_t seed = 1; seed <= 16; ++seed) {
     CAPTURE(seed);
     const scenario sc = overlap_scenario(seed);
     std::vector<std::vector<std::vector<float>>> fused, after;
-    counting_updater::compacting = counting_updater::plain = 0;
+    counted::compacting = counted::plain = 0;
     {
       zf_counted<lane_idle> opt(sc.cfg);
       run_scenario(sc, opt, &fused);  // against the reference model at every step
     }
-    const int compacting = counting_updater::compacting;
-    CHECK(compacting + counting_updater::plain == sc.steps);
+    const int compacting = counted::compacting;
+    CHECK(compacting + counted::plain == sc.steps);
     // every step that neither warms up nor selects, once the unselected columns fit the buffer
     // (after the first selection; from the start with topk 0), fuses: in these 16 scenarios 10
     // to 24 of the 24 steps
     fused_somewhere += compacting > 0;
-    counting_updater::compacting = counting_updater::plain = 0;
+    counted::compacting = counted::plain = 0;
     {
       zf_counted<lane_busy> opt(sc.cfg);
       run_scenario(sc, opt, &after);
     }
-    CHECK(counting_updater::compacting == 0);
+    CHECK(counted::compacting == 0);
     REQUIRE(fused == after);
   }
   CHECK(fused_somewhere == 16);

@@ -781,6 +781,7 @@ class optimizer {
   // max_applied_norm (which also keeps every element and its square finite), is skipped.
   step_info step_checked(float grad_scale) {
     const bool fuse = fuse_compaction();
+    if (fuse && slots_stale_) write_slots();
     const auto summary = [&] {
       if constexpr (sharded_reduction) return sharded_gradient_pass();
       else if constexpr (fusable_compaction) return updater_.gradient_pass(space_, fuse);
@@ -990,16 +991,16 @@ class optimizer {
         compacted_.create();
         async_offload_ = true;
         if constexpr (fusable_compaction) {
-          // each column's place in its matrix's block (4 bytes a column), kept by set_unselected
+          // each column's place in its matrix's block (4 bytes a column; written before the first
+          // fused pass after each change of the unselected lists: write_slots)
           std::size_t cols = 0;
           for (const matrix_param& p : matrices_) cols += p.cols;
           compact_slot_ = typename Space::template buffer<std::uint32_t>(cols);
           std::vector<compaction_target> targets(matrices_.size());
-          for (std::size_t i = 0, at = 0; i < matrices_.size(); at += matrices_[i].cols, ++i) {
+          for (std::size_t i = 0, at = 0; i < matrices_.size(); at += matrices_[i].cols, ++i)
             if (!resident(i)) targets[i] = {grad_compact_.data() + compact_offset_[i], compact_slot_.data() + at};
-            write_slots(i);
-          }
           updater_.set_compaction(space_, targets.data());
+          slots_stale_ = true;
         }
       }
     }
@@ -1051,6 +1052,7 @@ class optimizer {
                       vec(iota_) + vec(lists_dev_) + vec(compact_offset_) + vec(auto_a_) + vec(auto_b_);
     for (const auto& l : unselected_) b += heap(l.capacity() * 4);
     for (const auto& l : selected_) b += heap(l.capacity() * 4);
+    b += heap(slot_scratch_.capacity() * 4);
     if constexpr (requires { updater_.records_bytes(); }) b += updater_.records_bytes();
     if constexpr (requires { host_.records_bytes(); }) b += host_.records_bytes();
     return b;
@@ -1174,19 +1176,20 @@ class optimizer {
       own.clear();
       for (auto it = from; it != to; ++it) own.push_back(*it - c0);
     }
-    if (compact_slot_.size()) write_slots(i);
+    slots_stale_ = true;
   }
-  // The compaction's slot table of matrix i (fused into the gradient pass): host_unselected's
-  // k-th column (of the device's numbering) to place k of the matrix's block, every other column
-  // nowhere.
-  void write_slots(std::size_t i) {
-    std::size_t at = 0;
-    for (std::size_t j = 0; j < i; ++j) at += matrices_[j].cols;
-    slot_scratch_.assign(matrices_[i].cols, no_slot);
-    const std::uint32_t* list = host_unselected(i);
-    const std::size_t c0 = col_begin(i, comm_.rank());
-    for (std::size_t k = 0, n = host_unselected_count(i); k < n; ++k) slot_scratch_[c0 + list[k]] = std::uint32_t(k);
-    space_.upload(compact_slot_.data() + at, slot_scratch_.data(), 4 * slot_scratch_.size());
+  // The fused compaction's place tables, every matrix's in one upload (a selection changes
+  // them all): host_unselected's k-th column of matrix i (in the device's numbering) to place k
+  // of the matrix's block, every other column nowhere.
+  void write_slots() {
+    slot_scratch_.assign(compact_slot_.size(), no_slot);
+    for (std::size_t i = 0, at = 0; i < matrices_.size(); at += matrices_[i].cols, ++i) {
+      const std::uint32_t* list = host_unselected(i);
+      const std::size_t c0 = at + col_begin(i, comm_.rank());
+      for (std::size_t k = 0, n = host_unselected_count(i); k < n; ++k) slot_scratch_[c0 + list[k]] = std::uint32_t(k);
+    }
+    space_.upload(compact_slot_.data(), slot_scratch_.data(), 4 * slot_scratch_.size());
+    slots_stale_ = false;
   }
 
   template <class T>
@@ -1725,6 +1728,7 @@ class optimizer {
   // fused compaction: matrix by matrix, each column's place in its block (write_slots)
   typename Space::template buffer<std::uint32_t> compact_slot_;
   std::vector<std::uint32_t> slot_scratch_;
+  bool slots_stale_ = true;  // the unselected lists changed since write_slots()
   int active_acc_ = 0;
   std::uint64_t applied_ = 0, steps_ = 0, skipped_ = 0, selections_ = 0, host_updates_ = 0;
   std::uint64_t last_selection_ = 0, window_steps_ = 0;

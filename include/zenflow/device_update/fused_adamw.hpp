@@ -232,7 +232,9 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   // master unless the param is fp32, moments, a count and an index each) and per-column
   // statistics (two doubles and a flag); per vector its moments, its fp32 master unless the
   // param is fp32, and per-chunk statistics.
-  std::size_t records_bytes() const noexcept { return registry::records_bytes() + 8 * partials_.size(); }
+  std::size_t records_bytes() const noexcept {
+    return registry::records_bytes() + 8 * partials_.size() + sizeof(compaction_target) * targets_.capacity();
+  }
 
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
