@@ -1,0 +1,157 @@
+// Data parallel on the CUDA space at R = 2 and 3 ranks on ONE GPU. NCCL refuses two ranks on one
+// GPU, and the GPU machines at hand have one, so without this the optimizer's data-parallel CUDA
+// code (sharded host state, the gathers, uploads ahead across ranks, the fused compaction's
+// per-rank places) would only run at R = 1, where the reduction is skipped. A test communicator,
+// hub_communicator, runs the ranks as threads on GPU 0 with collectives through host memory under
+// a barrier, with the communicator contract's arithmetic (communicator.hpp's rank-order fp32 sum)
+// and nccl_communicator's byte count; every rank is checked bit for bit against one host-space
+// process fed the reduced gradient. Without a GPU the program reports Skipped.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <zenflow/cuda.hpp>
+
+#include "cuda_dp_support.hpp"
+
+using namespace zenflow;
+using namespace zf_cuda_dp;
+using zf_test::has_gpu;
+
+namespace {
+
+// R ranks on ONE GPU, a thread each, without NCCL (which refuses two ranks on one GPU): the
+// collectives go through host memory under a barrier, with the communicator contract's arithmetic
+// (the rank-order fp32 sum of communicator.hpp) and nccl_communicator's byte count. It runs the
+// optimizer's data-parallel CUDA path (sharded host state, gathers, uploads ahead, the fused
+// compaction's per-rank places) at R > 1 where only one GPU is present.
+struct hub {
+  explicit hub(int ranks) : R(ranks), slots(static_cast<std::size_t>(ranks)) {}
+  const int R;
+  std::vector<std::vector<unsigned char>> slots;  // each rank's contribution, in host memory
+  void barrier() {
+    std::unique_lock lock(mu);
+    const std::uint64_t g = gen;
+    if (++arrived == R) {
+      arrived = 0;
+      ++gen;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return gen != g; });
+    }
+  }
+
+ private:
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::uint64_t gen = 0;
+};
+class hub_communicator {
+ public:
+  using space = cuda_space;
+  hub_communicator(hub& h, int rank) : h_(&h), rank_(rank) {}
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return h_->R; }
+  std::uint64_t bytes_sent() const noexcept { return sent_; }
+  void set_stream(cudaStream_t s) noexcept { stream_ = s; }
+  void reduce(float* data, std::size_t n, reduce_op op) {
+    if (n == 0) return;
+    const std::size_t R = std::size_t(h_->R);
+    auto& mine = h_->slots[std::size_t(rank_)];
+    mine.resize(4 * n);
+    down(mine.data(), data, 4 * n);
+    h_->barrier();
+    std::vector<float> pieces(R * n), out(n);
+    for (std::size_t r = 0; r < R; ++r) std::memcpy(pieces.data() + r * n, h_->slots[r].data(), 4 * n);
+    h_->barrier();  // (every rank has read every slot)
+    detail::reduce_in_rank_order(pieces.data(), n, h_->R, op, out.data());
+    up(data, out.data(), 4 * n);
+    const std::size_t m = detail::shard_begin(n, h_->R, rank_ + 1) - detail::shard_begin(n, h_->R, rank_);
+    sent_ += ((n - m) + m * (R - 1)) * sizeof(float);
+  }
+  void all_gather(void* data, const std::size_t* bytes) {
+    const std::size_t R = std::size_t(h_->R);
+    std::vector<std::size_t> at(R + 1, 0);
+    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + bytes[r];
+    auto* d = static_cast<unsigned char*>(data);
+    auto& mine = h_->slots[std::size_t(rank_)];
+    mine.resize(bytes[rank_]);
+    down(mine.data(), d + at[std::size_t(rank_)], bytes[rank_]);
+    h_->barrier();
+    for (std::size_t r = 0; r < R; ++r)
+      if (r != std::size_t(rank_)) up(d + at[r], h_->slots[r].data(), bytes[r]);
+    h_->barrier();
+  }
+  bool all_agree(bool ok) {
+    h_->slots[std::size_t(rank_)].assign(1, ok ? 1 : 0);
+    h_->barrier();
+    bool all = true;
+    for (const auto& x : h_->slots) all = all && x[0] != 0;
+    h_->barrier();
+    return all;
+  }
+
+ private:
+  // copies ordered on the optimizer's stream, complete on return
+  void down(void* host, const void* dev, std::size_t n) {
+    if (!n) return;
+    ZF_CUDA_TRY(cudaMemcpyAsync(host, dev, n, cudaMemcpyDeviceToHost, stream_));
+    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
+  void up(void* dev, const void* host, std::size_t n) {
+    if (!n) return;
+    ZF_CUDA_TRY(cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, stream_));
+    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
+  hub* h_;
+  int rank_;
+  cudaStream_t stream_ = nullptr;
+  std::uint64_t sent_ = 0;
+};
+static_assert(communicator_policy<hub_communicator>);
+
+// ranks_run through the hub, every rank on GPU 0
+std::vector<run_out> hub_run(const gradient_source& src, reduce_op op, bool overlap, int R, int steps, bool ahead = false) {
+  hub h(R);
+  return ranks_run<hub_communicator>(src, op, overlap, R, steps, true, [&](int r) { return hub_communicator(h, r); },
+                                     -1, {}, ahead);
+}
+
+}  // namespace
+
+TEST_CASE("data parallel on one GPU: R ranks through host-memory collectives equal one host-space process" *
+          doctest::skip(!has_gpu())) {
+  const int steps = 13;
+  for (int R : {2, 3}) {
+    for (reduce_op op : {reduce_op::mean, reduce_op::sum}) {
+      for (auto [overlap, ahead] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+        CAPTURE(R);
+        CAPTURE(int(op));
+        CAPTURE(overlap);
+        CAPTURE(ahead);
+        const gradient_source src;
+        check_ranks(hub_run(src, op, overlap, R, steps, ahead), reference_run(src, op, overlap, R, steps), R, ahead);
+      }
+    }
+  }
+  // a NaN on one rank skips the step on every rank
+  gradient_source src;
+  src.nan_rank = 1;
+  src.nan_step = 6;
+  const auto dp = hub_run(src, reduce_op::mean, true, 2, 9);
+  const auto ref = reference_run(src, reduce_op::mean, true, 2, 9);
+  REQUIRE(ref.skipped[6]);
+  for (const auto& x : dp) {
+    CHECK(x.skipped == ref.skipped);
+    CHECK(x.state == ref.state);
+  }
+}
+
