@@ -712,11 +712,7 @@ class optimizer {
     if (R == 1) return;
     const auto t0 = std::chrono::steady_clock::now();
     // rank r's part: per matrix, its selected columns in r's block, column after column
-    auto range = [&](std::size_t i, std::size_t r) {
-      const auto& sel = selected_[i];
-      return std::pair{std::size_t(std::lower_bound(sel.begin(), sel.end(), col_begin(i, int(r))) - sel.begin()),
-                       std::size_t(std::lower_bound(sel.begin(), sel.end(), col_begin(i, int(r) + 1)) - sel.begin())};
-    };
+    auto range = [&](std::size_t i, std::size_t r) { return rank_part(i, selected_[i].data(), selected_[i].size(), int(r)); };
     counts_.assign(R, 0);
     std::size_t total = 0;
     for (std::size_t r = 0; r < R; ++r) {
@@ -1068,6 +1064,11 @@ class optimizer {
   std::size_t col_begin(std::size_t i, int r) const noexcept {
     return detail::shard_begin(matrices_[i].cols, comm_.size(), r);
   }
+  // The entries of list[0, n) — ascending columns of matrix i — in rank r's block: [first, last).
+  std::pair<std::size_t, std::size_t> rank_part(std::size_t i, const std::uint32_t* list, std::size_t n, int r) const {
+    const std::uint32_t* from = std::lower_bound(list, list + n, col_begin(i, r));
+    return {std::size_t(from - list), std::size_t(std::lower_bound(from, list + n, col_begin(i, r + 1)) - list)};
+  }
   // The host side's view of matrix i's unselected columns: this rank's, as host-state indices;
   // on the device, the same columns' part of the unselected list.
   const std::uint32_t* host_unselected(std::size_t i) const noexcept {
@@ -1111,11 +1112,9 @@ class optimizer {
   void list_counts(std::size_t i, const std::uint32_t* list, std::size_t n, std::size_t per_col) {
     const int R = comm_.size();
     counts_.resize(std::size_t(R));
-    std::size_t from = 0;
     for (int r = 0; r < R; ++r) {
-      const std::size_t to = std::size_t(std::lower_bound(list, list + n, col_begin(i, r + 1)) - list);
+      const auto [from, to] = rank_part(i, list, n, r);
       counts_[std::size_t(r)] = (to - from) * per_col;
-      from = to;
     }
   }
   // Communicator::all_gather on host memory: in place when the communicator works on the host
@@ -1169,12 +1168,12 @@ class optimizer {
         own_unselected_.resize(i + 1);
         own_from_.resize(i + 1);
       }
-      const std::uint32_t c0 = std::uint32_t(col_begin(i, comm_.rank())), c1 = std::uint32_t(col_begin(i, comm_.rank() + 1));
-      const auto from = std::lower_bound(un.begin(), un.end(), c0), to = std::lower_bound(un.begin(), un.end(), c1);
-      own_from_[i] = std::size_t(from - un.begin());
+      const std::uint32_t c0 = std::uint32_t(col_begin(i, comm_.rank()));
+      const auto [from, to] = rank_part(i, un.data(), un.size(), comm_.rank());
+      own_from_[i] = from;
       auto& own = own_unselected_[i];
       own.clear();
-      for (auto it = from; it != to; ++it) own.push_back(*it - c0);
+      for (std::size_t k = from; k < to; ++k) own.push_back(un[k] - c0);
     }
     slots_stale_ = true;
   }
@@ -1566,16 +1565,13 @@ class optimizer {
     space_.move_slots(d.counts[nxt].data(), dst_dev, d.counts[cur].data(), src_dev, ns, 4);
     const std::uint32_t* leave_col_dev = join_dev + nj;
     if (d.param_master && nl) space_.upload(slots_dev_.data() + 2 * ns + nl + nj, leave_col.data(), 4 * nl);
-    // This rank's block of columns, [h0, h1), is what its host state holds (all of them in one
+    // This rank's block of columns, [h0, ...), is what its host state holds (all of them in one
     // process): the leaving and joining columns in it are a run of each sorted list.
-    const std::uint32_t h0 = std::uint32_t(col_begin(i, comm_.rank())), h1 = std::uint32_t(col_begin(i, comm_.rank() + 1));
-    auto run = [](const std::vector<std::uint32_t>& cols, std::uint32_t lo, std::uint32_t hi) {
-      return std::pair{std::size_t(std::lower_bound(cols.begin(), cols.end(), lo) - cols.begin()),
-                       std::size_t(std::lower_bound(cols.begin(), cols.end(), hi) - cols.begin())};
-    };
+    const std::uint32_t h0 = std::uint32_t(col_begin(i, comm_.rank()));
+    auto run = [&](const std::vector<std::uint32_t>& cols) { return rank_part(i, cols.data(), cols.size(), comm_.rank()); };
     // leaving: gathered on the device, one transfer, scattered into the host arrays (data
     // parallel: the rank holding the column takes it; the others drop their replica)
-    const auto [lfrom, lto] = run(leave_col, h0, h1);
+    const auto [lfrom, lto] = run(leave_col);
     for (std::size_t c0 = lfrom; c0 < lto; c0 += chunk) {
       const std::size_t m = std::min(chunk, lto - c0);
       for (int a = 0; a < 3; ++a) {
@@ -1599,7 +1595,7 @@ class optimizer {
     if constexpr (data_parallel) {
       // each rank uploads the joining columns it holds into their place in the gather space,
       // every rank's are gathered there, then moved into the slots: array by array, the counts last
-      const auto [jfrom, jto] = run(join_col, h0, h1);
+      const auto [jfrom, jto] = run(join_col);
       for (int a = a0; a < 4; ++a) {
         const std::size_t per = a < 3 ? rows * 4 : 4;
         const auto* src = a < 3 ? reinterpret_cast<const unsigned char*>(host_arr[a])
