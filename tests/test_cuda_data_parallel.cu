@@ -4,8 +4,11 @@
 // per-rank places) would only run at R = 1, where the reduction is skipped. A test communicator,
 // hub_communicator, runs the ranks as threads on GPU 0 with collectives through host memory under
 // a barrier, with the communicator contract's arithmetic (communicator.hpp's rank-order fp32 sum)
-// and nccl_communicator's byte count; every rank is checked bit for bit against one host-space
-// process fed the reduced gradient. Without a GPU the program reports Skipped.
+// and nccl_communicator's byte count; with its reduce_scatter the optimizer reduce-scatters the
+// matrices' gradients (cuda_space's strided conversions, the updater's pass in parts and device
+// summary, the selected columns gathered), without it (hub_allreduce_communicator) it all-reduces
+// them. Every rank is checked bit for bit against one host-space process fed the reduced
+// gradient. Without a GPU the program reports Skipped.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -77,6 +80,23 @@ class hub_communicator {
     const std::size_t m = detail::shard_begin(n, h_->R, rank_ + 1) - detail::shard_begin(n, h_->R, rank_);
     sent_ += ((n - m) + m * (R - 1)) * sizeof(float);
   }
+  // (the optional member: with it the optimizer reduce-scatters the matrices' gradients)
+  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
+    const std::size_t R = std::size_t(h_->R), me = std::size_t(rank_);
+    std::vector<std::size_t> at(R + 1, 0);
+    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
+    auto& mine = h_->slots[me];
+    mine.resize(4 * at[R]);
+    down(mine.data(), data, 4 * at[R]);
+    h_->barrier();
+    const std::size_t m = counts[me];
+    std::vector<float> pieces(R * m), out(m);
+    for (std::size_t r = 0; r < R; ++r) std::memcpy(pieces.data() + r * m, h_->slots[r].data() + 4 * at[me], 4 * m);
+    h_->barrier();
+    detail::reduce_in_rank_order(pieces.data(), m, h_->R, op, out.data());
+    up(data + at[me], out.data(), 4 * m);
+    sent_ += (at[R] - m) * sizeof(float);
+  }
   void all_gather(void* data, const std::size_t* bytes) {
     const std::size_t R = std::size_t(h_->R);
     std::vector<std::size_t> at(R + 1, 0);
@@ -117,14 +137,21 @@ class hub_communicator {
   std::uint64_t sent_ = 0;
 };
 static_assert(communicator_policy<hub_communicator>);
+// ... without reduce_scatter: the optimizer all-reduces every gradient
+struct hub_allreduce_communicator : hub_communicator {
+  using hub_communicator::hub_communicator;
+  void reduce_scatter(float*, const std::size_t*, reduce_op) = delete;
+};
 
-// ranks_run through the hub, every rank on GPU 0
+static_assert(dp_optimizer<hub_communicator>::reduce_scatters && !dp_optimizer<hub_allreduce_communicator>::reduce_scatters);
+
+// ranks_run through the hub, every rank on GPU 0 (Comm: hub_communicator, which reduce-scatters
+// the matrices' gradients, or hub_allreduce_communicator)
+template <class Comm = hub_communicator>
 std::vector<run_out> hub_run(const gradient_source& src, reduce_op op, bool overlap, int R, int steps, bool ahead = false) {
   hub h(R);
-  return ranks_run<hub_communicator>(src, op, overlap, R, steps, true, [&](int r) { return hub_communicator(h, r); },
-                                     -1, {}, ahead);
+  return ranks_run<Comm>(src, op, overlap, R, steps, true, [&](int r) { return Comm(h, r); }, -1, {}, ahead);
 }
-
 }  // namespace
 
 TEST_CASE("data parallel on one GPU: R ranks through host-memory collectives equal one host-space process" *
@@ -138,7 +165,14 @@ TEST_CASE("data parallel on one GPU: R ranks through host-memory collectives equ
         CAPTURE(overlap);
         CAPTURE(ahead);
         const gradient_source src;
-        check_ranks(hub_run(src, op, overlap, R, steps, ahead), reference_run(src, op, overlap, R, steps), R, ahead);
+        const run_out ref = reference_run(src, op, overlap, R, steps);
+        // the matrices' gradients reduce-scattered by column blocks (the pass in parts, the
+        // statistics and the selected columns gathered), and all-reduced: the same state
+        const auto scattered = hub_run(src, op, overlap, R, steps, ahead);
+        const auto all = hub_run<hub_allreduce_communicator>(src, op, overlap, R, steps, ahead);
+        check_ranks(scattered, ref, R, ahead);
+        check_ranks(all, ref, R, ahead);
+        for (int r = 0; r < R; ++r) CHECK(scattered[std::size_t(r)].stats.bytes_reduced < all[std::size_t(r)].stats.bytes_reduced);
       }
     }
   }
@@ -146,12 +180,11 @@ TEST_CASE("data parallel on one GPU: R ranks through host-memory collectives equ
   gradient_source src;
   src.nan_rank = 1;
   src.nan_step = 6;
-  const auto dp = hub_run(src, reduce_op::mean, true, 2, 9);
   const auto ref = reference_run(src, reduce_op::mean, true, 2, 9);
   REQUIRE(ref.skipped[6]);
-  for (const auto& x : dp) {
-    CHECK(x.skipped == ref.skipped);
-    CHECK(x.state == ref.state);
-  }
+  for (const auto& dp : {hub_run(src, reduce_op::mean, true, 2, 9), hub_run<hub_allreduce_communicator>(src, reduce_op::mean, true, 2, 9)})
+    for (const auto& x : dp) {
+      CHECK(x.skipped == ref.skipped);
+      CHECK(x.state == ref.state);
+    }
 }
-

@@ -302,6 +302,86 @@ TEST_CASE("cuda: the fused gradient pass gives the host space's bits" * doctest:
   }
 }
 
+// The pass in parts (a data-parallel rank's): each matrix's columns in two ranges, one launch per
+// range set (so each launch's table starts inside matrices, row-major ones keeping their row
+// stride), then the summary folded on the device from every column's statistics: the same bits
+// as the host space's whole pass. And cuda_space's strided conversions (the reduce-scatter's
+// packing) against the host's element conversions.
+TEST_CASE("cuda: the gradient pass in parts and its device summary give the host space's bits" *
+          doctest::skip(!has_gpu())) {
+  zf_test::rng r(17);
+  for (int trial = 0; trial < 8; ++trial) {
+    CAPTURE(trial);
+    cuda_space cs;
+    cs.initialize();
+    host_space hs(1);
+    fused_adamw<cuda_space> cu;
+    fused_adamw<host_space> hu;
+    std::vector<std::vector<unsigned char>> grads;
+    std::vector<dev_bytes> dgrads;
+    const dtype types[] = {dtype::f32, dtype::bf16, dtype::f16};
+    const std::size_t nm = 1 + r.below(4);
+    std::vector<matrix_param> mats;
+    for (std::size_t i = 0; i < nm; ++i) {
+      const std::size_t rows = 1 + r.below(trial < 4 ? 70 : 900), cols = 2 + r.below(trial < 4 ? 100 : 400);
+      const dtype t = types[r.below(3)];
+      grads.push_back(random_grad(r, t, rows * cols, 0));
+      mats.push_back({nullptr, nullptr, rows, cols, dtype::f32, t,
+                      r.below(2) ? matrix_layout::row_major : matrix_layout::column_contiguous});
+    }
+    const std::size_t n = 1 + r.below(9000);
+    grads.push_back(random_grad(r, dtype::bf16, n, 0));
+    if (trial % 4 == 3) zf_test::store_float(grads[0], mats[0].grad_type, 0, NAN);
+    for (auto& g : grads) dgrads.emplace_back(g);
+    for (std::size_t i = 0; i < nm; ++i) {
+      matrix_param h = mats[i], d = mats[i];
+      h.grad = grads[i].data();
+      d.grad = dgrads[i].d.data();
+      hu.add_matrix(h, 1);
+      cu.add_matrix(d, 1);
+    }
+    hu.add_vector({nullptr, grads[nm].data(), n, dtype::f32, dtype::bf16});
+    cu.add_vector({nullptr, dgrads[nm].d.data(), n, dtype::f32, dtype::bf16});
+    hu.allocate();
+    cu.allocate();
+    std::vector<std::size_t> split(nm);
+    for (std::size_t i = 0; i < nm; ++i) split[i] = 1 + r.below(mats[i].cols - 1);
+    for (int part = 0; part < 2; ++part) {
+      for (std::size_t i = 0; i < nm; ++i)
+        cu.column_stats(cs, i, part ? split[i] : 0, part ? mats[i].cols : split[i]);
+      cu.vector_stats(cs);
+    }
+    const auto got = cu.summarize();
+    const auto want = hu.gradient_pass(hs);
+    CHECK(got.finite == want.finite);
+    if (!want.finite) continue;
+    CHECK(got.sumsq == want.sumsq);
+    for (score_kind k : {score_kind::l1, score_kind::l2sq}) {
+      cu.fetch_scores(cs, k);
+      hu.fetch_scores(hs, k);
+      for (std::size_t i = 0; i < nm; ++i) CHECK(std::memcmp(cu.scores(i, k), hu.scores(i, k), 8 * mats[i].cols) == 0);
+    }
+  }
+  // strided conversions: `lines` runs of `len` between two strides, each way, every dtype pair
+  cuda_space cs;
+  cs.initialize();
+  for (dtype st : {dtype::f32, dtype::bf16, dtype::f16})
+    for (dtype dt : {dtype::f32, dtype::bf16, dtype::f16}) {
+      CAPTURE(int(st));
+      CAPTURE(int(dt));
+      const std::size_t lines = 37, len = 53, ss = 61, ds = 58;
+      const auto src = random_grad(r, st, lines * ss, 0);
+      std::vector<unsigned char> dst0 = random_bytes(r, lines * ds * size_of(dt)), want = dst0;
+      for (std::size_t l = 0; l < lines; ++l)
+        for (std::size_t j = 0; j < len; ++j)
+          zf_test::store_float(want, dt, l * ds + j, zf_test::load_as_float(src, st, l * ss + j));
+      dev_bytes dsrc(src), ddst(dst0);
+      cs.convert_lines(dsrc.d.data(), st, ss, ddst.d.data(), dt, ds, lines, len);
+      cs.fence();
+      CHECK(ddst.get() == want);
+    }
+}
+
 // Top-k over all matrices in one call: the same sets as the host selector, ties (few distinct
 // gradient magnitudes, so many equal scores) broken by the lower column index.
 TEST_CASE("cuda: top-k selects what the host selector selects, ties included" * doctest::skip(!has_gpu())) {

@@ -92,6 +92,9 @@ config test_config(bool overlap) {
 
 using dp_optimizer =
     optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, mpi_communicator>;
+static_assert(dp_optimizer::reduce_scatters &&
+              !optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+                         mpi_allreduce_communicator>::reduce_scatters);
 
 // A space and communicator pair as the CUDA space and nccl_communicator are to the optimizer —
 // the communicator works on the space's device memory, not the host space's — on host memory:

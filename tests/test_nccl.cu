@@ -58,6 +58,7 @@ struct comms {
 };
 
 using nccl_optimizer = dp_optimizer<nccl_communicator>;
+static_assert(nccl_optimizer::reduce_scatters && !dp_optimizer<nccl_allreduce_communicator>::reduce_scatters);
 
 // ranks_run over NCCL, rank r on GPU r
 std::vector<run_out> nccl_run(const gradient_source& src, reduce_op op, bool overlap, int R, int steps,
@@ -72,7 +73,7 @@ std::string tmp_path(const std::string& name) { return std::string(ZF_TEST_TMP_D
 
 }  // namespace
 
-TEST_CASE("nccl: reduce, all_gather and all_agree against the rank-order reference" * doctest::skip(!has_gpu())) {
+TEST_CASE("nccl: reduce, reduce_scatter, all_gather and all_agree against the rank-order reference" * doctest::skip(!has_gpu())) {
   for (int R : rank_counts()) {
     CAPTURE(R);
     comms cs(R);
@@ -104,6 +105,25 @@ TEST_CASE("nccl: reduce, all_gather and all_agree against the rank-order referen
           CHECK(c.bytes_sent() == 4 * ((n - m) + m * std::size_t(R - 1)));
         });
         for (int r = 0; r < R; ++r) CHECK(std::memcmp(got[std::size_t(r)].data(), want.data(), 4 * n) == 0);
+        // reduce_scatter of the same arrays cut into R segments of unequal sizes (the last ones
+        // empty when n < R): each rank's own segment equals the reference's there
+        std::vector<std::size_t> counts(static_cast<std::size_t>(R)), at(static_cast<std::size_t>(R) + 1, 0);
+        for (int r = 0; r < R; ++r) {
+          counts[std::size_t(r)] = detail::shard_begin(n, R, r + 1) - detail::shard_begin(n, R, r);
+          at[std::size_t(r) + 1] = at[std::size_t(r)] + counts[std::size_t(r)];
+        }
+        on_ranks(R, [&](int r) {
+          nccl_communicator c(cs.c[std::size_t(r)]);
+          device_array<float> d(n);
+          ZF_CUDA_TRY(cudaMemcpy(d.data(), pieces.data() + std::size_t(r) * n, 4 * n, cudaMemcpyHostToDevice));
+          c.reduce_scatter(d.data(), counts.data(), op);
+          ZF_CUDA_TRY(cudaStreamSynchronize(c.stream()));
+          const std::size_t m = counts[std::size_t(r)];
+          std::vector<float> own(m);
+          if (m) ZF_CUDA_TRY(cudaMemcpy(own.data(), d.data() + at[std::size_t(r)], 4 * m, cudaMemcpyDeviceToHost));
+          CHECK(std::memcmp(own.data(), want.data() + at[std::size_t(r)], 4 * m) == 0);
+          CHECK(c.bytes_sent() == 4 * (n - m));
+        });
       }
     }
     // all_gather: rank r's block of 3 r + 1 bytes (empty blocks too when r is large enough)

@@ -22,9 +22,9 @@ namespace zenflow {
 // all_agree(ok): true on every rank when every rank passed true.
 // Optional, reduce_scatter(data, counts, op): data holds one segment per rank, rank r's of
 // counts[r] elements, one after the other; afterwards this rank's own segment holds the
-// reduction of every rank's copy of it (reduce's order and bits), the others are unspecified. With
-// it, an optimizer on the host space reduce-scatters the matrices' gradients by column blocks
-// (each rank receives its own block's only) instead of all-reducing them.
+// reduction of every rank's copy of it (reduce's order and bits), the others are unspecified.
+// With it, an optimizer (host space or cuda_space) reduce-scatters the matrices' gradients by
+// column blocks (each rank receives its own block's only) instead of all-reducing them.
 // Each is a collective: every rank calls it, in the same order. A multi-process communicator
 // names the memory space its data lives in (`using space = ...`): reduce and all_gather take
 // that space's device memory (host memory for the host space, GPU memory for the CUDA space),

@@ -15,7 +15,10 @@
 // their owners in place (one ncclBroadcast per rank, grouped). No NCCL reduction operator touches
 // the gradients, so the bits do not depend on NCCL's choice of algorithm, protocol or channel
 // count. Each rank sends about 2 (R - 1) / R of the gradient's fp32 bytes per step. One rank
-// (R = 1) runs the same calls (to itself), so a single GPU exercises every path.
+// (R = 1) runs the same calls (to itself).
+// With reduce_scatter (the same pieces to the owners, the same sum, no broadcast) the optimizer
+// reduce-scatters the matrices' gradients by column blocks, as over MPI: about (R - 1) / R of their
+// bytes. nccl_allreduce_communicator, without it, keeps every grad buffer's whole reduced gradient.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -100,14 +103,27 @@ class nccl_communicator {
       if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
     }
     check(ncclGroupEnd(), "ncclGroupEnd");
-    if (m) {
-      const unsigned b = cuda_kernels::blocks_for(m, cuda_kernels::threads);
-      cuda_kernels::reduce_in_rank_order<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(
-          pieces, m, size_, op == reduce_op::mean, data + at[me]);
-      ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
-    }
+    sum_pieces(pieces, m, op, data + at[me]);
     broadcast_blocks(data, at.data(), ncclFloat32);
     sent_ += ((n - m) + m * (R - 1)) * sizeof(float);  // the others' pieces, then my shard to each
+  }
+
+  // See communicator_policy (the optional member); data is device memory. Enqueued on the stream.
+  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
+    const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
+    std::vector<std::size_t> at(R + 1, 0);
+    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
+    const std::size_t m = counts[me];
+    if (at[R] == 0) return;
+    float* pieces = pieces_for(m * R);
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t r = 0; r < R; ++r) {
+      if (counts[r]) check(ncclSend(data + at[r], counts[r], ncclFloat32, int(r), comm_, stream_), "ncclSend");
+      if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    sum_pieces(pieces, m, op, data + at[me]);
+    sent_ += (at[R] - m) * sizeof(float);  // every other rank's segment to its owner
   }
 
   // See communicator_policy; data is device memory, in place. Enqueued on the stream.
@@ -142,6 +158,15 @@ class nccl_communicator {
     check(ncclGroupEnd(), "ncclGroupEnd");
   }
 
+  // out[0, m) = the ranks' pieces (pieces + r * m) summed in rank order, on the stream
+  void sum_pieces(const float* pieces, std::size_t m, reduce_op op, float* out) {
+    if (!m) return;
+    const unsigned b = cuda_kernels::blocks_for(m, cuda_kernels::threads);
+    cuda_kernels::reduce_in_rank_order<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(
+        pieces, m, size_, op == reduce_op::mean, out);
+    ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
+  }
+
   float* pieces_for(std::size_t n) {
     if (pieces_.size() < n) {
       if (pieces_.size()) ZF_CUDA_TRY(cudaStreamSynchronize(stream_));  // the last reduction may still read it
@@ -169,5 +194,15 @@ class nccl_communicator {
 };
 
 static_assert(communicator_policy<nccl_communicator>);
+
+// nccl_communicator without reduce_scatter: the optimizer all-reduces every gradient, so that
+// after step() every grad buffer holds the whole reduced gradient (for a trainer that reads it),
+// at about twice the bytes.
+class nccl_allreduce_communicator : public nccl_communicator {
+ public:
+  using nccl_communicator::nccl_communicator;
+  void reduce_scatter(float*, const std::size_t*, reduce_op) = delete;
+};
+static_assert(communicator_policy<nccl_allreduce_communicator>);
 
 }  // namespace zenflow

@@ -110,10 +110,11 @@ class optimizer {
                                "(mpi_communicator: host_space; nccl_communicator: cuda_space)");
   // Data parallel with the gradients reduce-scattered: each rank receives the reduced gradient
   // of its own block of every matrix's columns only (see reduce_gradients). Needs a
-  // communicator with reduce_scatter, an updater whose gradient pass runs in parts, and the
-  // host space (the packing runs on host threads); otherwise the gradients are all-reduced.
+  // communicator with reduce_scatter, an updater whose gradient pass runs in parts, and a space
+  // that packs the blocks: the host space (on host threads) or one with strided conversions and
+  // device copies (cuda_space); otherwise the gradients are all-reduced.
   static constexpr bool sharded_reduction = [] {
-    if constexpr (data_parallel && std::is_base_of_v<host_space, Space>)
+    if constexpr (data_parallel)
       return requires(Communicator& c, GpuUpdater& u, Space& sp, float* d, const std::size_t* n) {
         c.reduce_scatter(d, n, reduce_op::mean);
         u.column_stats(sp, std::size_t{}, std::size_t{}, std::size_t{});
@@ -122,16 +123,22 @@ class optimizer {
         { u.column_l1(std::size_t{}) } -> std::same_as<double*>;
         { u.column_sumsq(std::size_t{}) } -> std::same_as<double*>;
         { u.column_bad(std::size_t{}) } -> std::same_as<unsigned char*>;
-      };
+      } && (std::is_base_of_v<host_space, Space> || requires(Space& sp, const void* src, void* dst) {
+        sp.convert_lines(src, dtype::f32, std::size_t{}, dst, dtype::f32, std::size_t{}, std::size_t{}, std::size_t{});
+        sp.copy(dst, src, std::size_t{});
+      });
     else return false;
   }();
   // The offload's compaction fused into the gradient pass (see step_checked): an updater whose
-  // pass can also compact, a scheduler that tells whether its offload lane is idle, and the
-  // whole pass on every rank (not the sharded one, whose pass runs in parts).
-  static constexpr bool fusable_compaction =
-      !sharded_reduction && compacting_updater<GpuUpdater, Space> && offload_aware_scheduler<Scheduler>;
+  // pass can also compact and a scheduler that tells whether its offload lane is idle; with the
+  // gradients reduce-scattered only at one rank (the pass in parts does not compact).
+  static constexpr bool fusable_compaction = compacting_updater<GpuUpdater, Space> && offload_aware_scheduler<Scheduler>;
 
  public:
+  // Whether step() reduce-scatters the matrices' gradients by column blocks (data parallel, see
+  // sharded_reduction) rather than all-reducing every gradient.
+  static constexpr bool reduce_scatters = sharded_reduction;
+
   explicit optimizer(const config& cfg)
     requires std::default_initializable<Communicator>
       : cfg_(checked(cfg)), host_(cfg.host_threads) {}
@@ -640,31 +647,37 @@ class optimizer {
     const std::size_t stride = by_col ? p.rows : p.cols;
     auto* g = static_cast<unsigned char*>(const_cast<void*>(p.grad));
     const std::size_t es = size_of(p.grad_type);
-    if (lines == 1 || len == stride) {  // one run: the vectorised conversion
+    if constexpr (!std::is_base_of_v<host_space, Space>) {  // on the device, by the space
+      if (widen) space_.convert_lines(g + first * es, p.grad_type, stride, f, dtype::f32, len, lines, len);
+      else space_.convert_lines(f, dtype::f32, len, g + first * es, p.grad_type, stride, lines, len);
+    } else if (lines == 1 || len == stride) {  // one run: the vectorised conversion
       if (widen) host::convert(host_.arena(), {g + first * es, p.grad_type, f, dtype::f32}, lines * len);
       else host::convert(host_.arena(), {f, dtype::f32, g + first * es, p.grad_type}, lines * len);
-      return;
-    }
-    visit_dtype(p.grad_type, [&](auto gtag) {
-      using G = typename decltype(gtag)::type;
-      G* base = reinterpret_cast<G*>(g) + first;
-      space_.parallel_for(lines, [=](std::size_t l) {
-        G* run = base + l * stride;
-        float* x = f + l * len;
-        if (widen)
-          for (std::size_t j = 0; j < len; ++j) x[j] = to_float(run[j]);
-        else
-          for (std::size_t j = 0; j < len; ++j) run[j] = from_float<G>(x[j]);
+    } else {
+      visit_dtype(p.grad_type, [&](auto gtag) {
+        using G = typename decltype(gtag)::type;
+        G* base = reinterpret_cast<G*>(g) + first;
+        space_.parallel_for(lines, [=](std::size_t l) {
+          G* run = base + l * stride;
+          float* x = f + l * len;
+          if (widen)
+            for (std::size_t j = 0; j < len; ++j) x[j] = to_float(run[j]);
+          else
+            for (std::size_t j = 0; j < len; ++j) run[j] = from_float<G>(x[j]);
+        });
       });
-    });
+    }
   }
   // sharded_reduction: the gradient pass over this rank's block of every matrix (and every
   // vector), then every rank's block statistics gathered (17 bytes a column: L1 and sum of
   // squares in double, the non-finite flag), so that every rank has every column's, as one
   // process computes them from the reduced gradient, and the same summary (canonical order).
-  auto sharded_gradient_pass() {
+  auto sharded_gradient_pass(bool fuse) {
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
-    if (R == 1) return updater_.gradient_pass(space_);
+    if (R == 1) {
+      if constexpr (fusable_compaction) return updater_.gradient_pass(space_, fuse);
+      else return updater_.gradient_pass(space_);
+    }
     for (std::size_t i = 0; i < matrices_.size(); ++i)
       updater_.column_stats(space_, i, col_begin(i, int(me)), col_begin(i, int(me) + 1));
     updater_.vector_stats(space_);
@@ -687,8 +700,8 @@ class optimizer {
         auto io = [&](void* arr, std::size_t width) {
           auto* a = static_cast<unsigned char*>(arr) + c0 * width;
           if (n) {
-            if (out) std::memcpy(at, a, n * width);
-            else std::memcpy(a, at, n * width);
+            if (out) copy_on_space(at, a, n * width);
+            else copy_on_space(a, at, n * width);
           }
           at += n * width;
         };
@@ -704,6 +717,19 @@ class optimizer {
     shared_ += std::uint64_t(R - 1) * counts_[me];
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     return updater_.summarize();
+  }
+  // bytes between two places of the space's device memory (the updater's per-column arrays and
+  // the gather space)
+  void copy_on_space(void* dst, const void* src, std::size_t bytes) {
+    if constexpr (std::is_base_of_v<host_space, Space>) std::memcpy(dst, src, bytes);
+    else space_.copy(dst, src, bytes);
+  }
+  // matrix i's selected columns (ascending) in the space's memory: the host mirror on the host
+  // space, else the updater's list of the live slot set (the same columns, uploaded at the
+  // selection)
+  const std::uint32_t* selected_on_space(std::size_t i) {
+    if constexpr (std::is_base_of_v<host_space, Space>) return selected_[i].data();
+    else return updater_.matrix(i).columns[updater_.matrix(i).cur].data();
   }
   // sharded_reduction: the selected columns' reduced gradients, from the ranks whose blocks hold
   // them to every rank (the grad dtype's bytes, exact), for the replicated device update.
@@ -730,7 +756,7 @@ class optimizer {
         const matrix_param& p = matrices_[i];
         const auto [from, to] = range(i, r);
         if (r == me && to > from)
-          space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, selected_[i].data() + from, to - from,
+          space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, selected_on_space(i) + from, to - from,
                                  base + at);
         at += (to - from) * p.rows * size_of(p.grad_type);
       }
@@ -742,7 +768,7 @@ class optimizer {
         const auto [from, to] = range(i, r);
         if (r != me && to > from)
           space_.scatter_columns(base + at, p.grad_type, const_cast<void*>(p.grad), p.layout, p.rows, p.cols,
-                                 selected_[i].data() + from, to - from);
+                                 selected_on_space(i) + from, to - from);
         at += (to - from) * p.rows * size_of(p.grad_type);
       }
     shared_ += std::uint64_t(R - 1) * counts_[me];
@@ -779,7 +805,7 @@ class optimizer {
     const bool fuse = fuse_compaction();
     if (fuse && slots_stale_) write_slots();
     const auto summary = [&] {
-      if constexpr (sharded_reduction) return sharded_gradient_pass();
+      if constexpr (sharded_reduction) return sharded_gradient_pass(fuse);
       else if constexpr (fusable_compaction) return updater_.gradient_pass(space_, fuse);
       else return updater_.gradient_pass(space_);
     }();
@@ -842,6 +868,7 @@ class optimizer {
   bool fuse_compaction() const {
     if constexpr (fusable_compaction) {
       if (!async_offload_ || !compact_fits()) return false;
+      if (sharded_reduction && comm_.size() > 1) return false;  // (the pass runs in parts)
       const std::uint64_t t = applied_ + 1;
       if (t <= cfg_.full_warm_up_rounds) return false;  // (step_checked's conditions, as they will be)
       if (window_steps_ == 0 && any_selected_ && (!selected_once_ || t - last_selection_ >= cfg_.select_steps()))

@@ -53,6 +53,8 @@ struct grad_segment {
   std::uint64_t group0;  // first 32-column group of this segment in the global list
   dtype type;
   matrix_layout layout;  // vectors: column_contiguous
+  std::uint64_t ld;      // row-major: elements from a row to the next (the matrix's cols; a segment
+                         // may be a range of its columns)
 };
 
 struct update_segment {
@@ -146,8 +148,9 @@ __device__ __forceinline__ void contiguous_sums(const G* __restrict__ col, std::
 // the consecutive lanes of a warp. Every thread of the block runs every tile (two barriers each).
 template <class G>
 __device__ __forceinline__ void row_major_compacting(const G* __restrict__ grad, std::uint64_t rows, std::uint64_t cols,
-                                                     std::uint64_t c, G* __restrict__ out, const std::uint32_t* slot,
-                                                     G (*tile)[33], double (&a)[4], double (&q)[4], bool& finite) {
+                                                     std::uint64_t ld, std::uint64_t c, G* __restrict__ out,
+                                                     const std::uint32_t* slot, G (*tile)[33], double (&a)[4],
+                                                     double (&q)[4], bool& finite) {
   const unsigned x = threadIdx.x % 32, y = threadIdx.x / 32;
   const bool has = c < cols;
   const G* __restrict__ col = grad + (has ? c : 0);
@@ -158,7 +161,7 @@ __device__ __forceinline__ void row_major_compacting(const G* __restrict__ grad,
     if (has) {
       if (base + 64 <= rows) {
 #pragma unroll
-        for (unsigned u = 0; u < 8; ++u) v[u] = col[(base + y + 8 * u) * cols];
+        for (unsigned u = 0; u < 8; ++u) v[u] = col[(base + y + 8 * u) * ld];
 #pragma unroll
         for (unsigned u = 0; u < 8; ++u) accumulate(to_float(v[u]), a[u % 4], q[u % 4], finite);
       } else {
@@ -166,7 +169,7 @@ __device__ __forceinline__ void row_major_compacting(const G* __restrict__ grad,
         for (unsigned u = 0; u < 8; ++u) {
           const std::uint64_t i = base + y + 8 * u;
           if (i < rows) {
-            v[u] = col[i * cols];
+            v[u] = col[i * ld];
             accumulate(to_float(v[u]), a[u % 4], q[u % 4], finite);
           }
         }
@@ -277,14 +280,14 @@ __device__ __forceinline__ void gradient_group(const grad_segment& s, const comp
     }
     if (compact_rows) {
       if constexpr (compacting)
-        row_major_compacting(grad, rows, cols, c, out, sh.slot, reinterpret_cast<G(*)[33]>(sh.tile), a, q, finite);
+        row_major_compacting(grad, rows, cols, s.ld, c, out, sh.slot, reinterpret_cast<G(*)[33]>(sh.tile), a, q, finite);
     } else if (c < cols) {
       const G* __restrict__ col = grad + c;
       const std::uint64_t full = rows / 64 * 64;
       for (std::uint64_t base = 0; base < full; base += 64) {  // two 32-row tiles, loads first
         float v[8];
 #pragma unroll
-        for (unsigned u = 0; u < 8; ++u) v[u] = to_float(col[(base + y + 8 * u) * cols]);
+        for (unsigned u = 0; u < 8; ++u) v[u] = to_float(col[(base + y + 8 * u) * s.ld]);
 #pragma unroll
         for (unsigned u = 0; u < 8; ++u) accumulate(v[u], a[u % 4], q[u % 4], finite);
       }
@@ -292,7 +295,7 @@ __device__ __forceinline__ void gradient_group(const grad_segment& s, const comp
 #pragma unroll
         for (unsigned u = 0; u < 4; ++u) {
           const std::uint64_t i = base + y + 8 * u;
-          if (i < rows) accumulate(to_float(col[i * cols]), a[u], q[u], finite);
+          if (i < rows) accumulate(to_float(col[i * s.ld]), a[u], q[u], finite);
         }
     }
     if (threadIdx.x < 32) lane_bad[threadIdx.x] = 0;
@@ -364,6 +367,41 @@ __device__ __forceinline__ void fold_partials(const double* partials, const unsi
   }
 }
 
+// The end of a launch of one block per group: each block, once its group's partial and flag are
+// written, fences and takes a ticket; the block that takes the last one folds every partial into
+// `out` and resets the ticket counter `done` for the next launch (stream-ordered after this one).
+__device__ __forceinline__ void last_block_folds(const double* partials, const unsigned char* group_bad, unsigned* done,
+                                                 grad_totals* out, gradient_shared& sh) {
+  __threadfence();  // (thread 0 wrote this group's partial and flag) visible device-wide first
+  if (threadIdx.x == 0) sh.last = atomicAdd(done, 1u) == gridDim.x - 1 ? 1u : 0u;
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  fold_partials(partials, group_bad, gridDim.x, &sh.lane_a[0][0], sh.fold_bad, out);
+  if (threadIdx.x == 0) *done = 0u;
+}
+
+// The summary from per-column statistics already in place (a data-parallel pass in parts, every
+// rank's columns gathered): one block per group, its partial from the 32 columns' sums of squares
+// by the lane tree (gradient_group's), then the same fold.
+template <int = 0>
+__global__ void __launch_bounds__(256) summarize_groups(const grad_segment* segs, int nseg, double* partials,
+                                                        unsigned char* group_bad, unsigned* done, grad_totals* out) {
+  const std::uint64_t g = blockIdx.x;
+  __shared__ gradient_shared sh;
+  const grad_segment s = segs[find_segment(segs, nseg, g, [](const grad_segment& x) { return x.group0; })];
+  if (threadIdx.x < 32) {
+    const std::uint64_t c = (g - s.group0) * 32 + threadIdx.x;
+    const double p = warp_tree(c < s.cols ? s.sumsq[c] : 0.0);
+    const bool any_bad = __any_sync(0xffffffffu, c < s.cols && s.bad[c] != 0);
+    if (threadIdx.x == 0) {
+      partials[g] = p;
+      group_bad[g] = any_bad ? 1 : 0;
+    }
+  }
+  last_block_folds(partials, group_bad, done, out, sh);
+}
+
 // One block per 32-column group, 256 threads (8 warps) = total_lanes. The fold is in the same
 // launch: each block, once its group's partial is written, fences and takes a ticket; the block
 // that takes the last one folds every partial into `out` and resets the ticket counter `done`
@@ -384,13 +422,7 @@ __global__ void __launch_bounds__(256) gradient_pass(const grad_segment* segs, i
     case dtype::f16: gradient_group<float16>(s, ct, g, partials, group_bad, sh); break;
     default: gradient_group<float>(s, ct, g, partials, group_bad, sh); break;
   }
-  __threadfence();  // (thread 0 wrote this group's partial and flag) visible device-wide first
-  if (threadIdx.x == 0) sh.last = atomicAdd(done, 1u) == gridDim.x - 1 ? 1u : 0u;
-  __syncthreads();
-  if (!sh.last) return;
-  __threadfence();
-  fold_partials(partials, group_bad, gridDim.x, &sh.lane_a[0][0], sh.fold_bad, out);
-  if (threadIdx.x == 0) *done = 0u;
+  last_block_folds(partials, group_bad, done, out, sh);
 }
 
 template <int = 0>
@@ -562,13 +594,13 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     bad_ = buffer<unsigned char>(cols + chunks);
     for (auto& s : matrices_) {
       gsegs.push_back({s.p.grad, s.p.rows, s.p.cols, 0, l1_.data() + s.col0, sumsq_.data() + s.col0,
-                       bad_.data() + s.col0, groups, s.p.grad_type, s.p.layout});
+                       bad_.data() + s.col0, groups, s.p.grad_type, s.p.layout, s.p.cols});
       groups += group_count(s.p.cols);
     }
     for (auto& v : vectors_) {
       const std::size_t nc = (v.p.n + vector_chunk - 1) / vector_chunk;
       gsegs.push_back({v.p.grad, vector_chunk, nc, v.p.n, nullptr, sumsq_.data() + cols + v.chunk0,
-                       bad_.data() + cols + v.chunk0, groups, v.p.grad_type, matrix_layout::column_contiguous});
+                       bad_.data() + cols + v.chunk0, groups, v.p.grad_type, matrix_layout::column_contiguous, 0});
       groups += group_count(nc);
     }
     groups_ = groups;
@@ -576,6 +608,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     group_bad_ = buffer<unsigned char>(groups);
     grad_segs_ = buffer<cuda_kernels::grad_segment>(gsegs.size());
     upload(grad_segs_.data(), gsegs.data(), gsegs.size() * sizeof(gsegs[0]));
+    full_segs_ = std::move(gsegs);
+    ranges_.assign(matrices_.size(), {0, 0});
     totals_ = buffer<cuda_kernels::grad_totals>(1);
     pass_done_ = buffer<unsigned>(1);
     {
@@ -676,6 +710,48 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     space.record(summary_ready_);
     summary_ready_.wait();
     scores_valid_[0] = scores_valid_[1] = false;
+    return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
+  }
+
+  // The pass in parts, for a data-parallel optimizer whose rank holds the reduced gradient of
+  // some columns only (fused_adamw's contract): column_stats(i, c0, c1) names the columns of
+  // matrix i to pass over (the same ranges step after step: the launch table is built once per
+  // change), vector_stats() runs one launch over those columns and every vector, writing their
+  // per-column statistics; the others' the caller writes through column_l1/column_sumsq/
+  // column_bad (device memory); summarize() then folds every column's into the summary (the
+  // canonical order: the same bits as gradient_pass) and reads it back.
+  void column_stats(cuda_space& space, std::size_t i, std::size_t c0, std::size_t c1) {
+    stream_ = space.stream();
+    if (ranges_[i] != std::pair{c0, c1}) {
+      ranges_[i] = {c0, c1};
+      parts_built_ = false;
+    }
+  }
+  void vector_stats(cuda_space& space) {
+    stream_ = space.stream();
+    scores_valid_[0] = scores_valid_[1] = false;
+    if (!parts_built_) build_parts();
+    if (part_groups_ == 0) return;
+    cuda_kernels::gradient_pass<false><<<unsigned(part_groups_), 256, 0, stream_>>>(
+        part_segs_.data(), int(part_count_), nullptr, part_partials_.data(), part_bad_.data(), pass_done_.data(),
+        totals_.data());
+    ZF_CUDA_CHECK_LAUNCH("gradient_pass (part)");
+  }
+  double* column_l1(std::size_t i) noexcept { return l1_.data() + matrices_[i].col0; }
+  double* column_sumsq(std::size_t i) noexcept { return sumsq_.data() + matrices_[i].col0; }
+  unsigned char* column_bad(std::size_t i) noexcept { return bad_.data() + matrices_[i].col0; }
+  grad_summary summarize() {
+    scores_valid_[0] = scores_valid_[1] = false;
+    if (groups_ == 0) return {true, 0.0};
+    cuda_kernels::summarize_groups<<<unsigned(groups_), 256, 0, stream_>>>(
+        grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data(),
+        pass_done_.data(), totals_.data());
+    ZF_CUDA_CHECK_LAUNCH("summarize_groups");
+    ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
+                                cudaMemcpyDeviceToHost, stream_));
+    summary_ready_.create();
+    ZF_CUDA_TRY(cudaEventRecord(summary_ready_.get(), stream_));
+    summary_ready_.wait();
     return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
   }
 
@@ -797,7 +873,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     for (const auto& s : matrices_) b += s.slot_bytes() + sizeof(adamw_coeffs) * s.coeffs.size();
     for (const auto& v : vectors_) b += v.state_bytes();
     b += 8 * (l1_.size() + sumsq_.size() + partials_.size()) + bad_.size() + group_bad_.size();
-    b += sizeof(cuda_kernels::grad_segment) * grad_segs_.size() + sizeof(compaction_target) * targets_.size() +
+    b += sizeof(cuda_kernels::grad_segment) * (grad_segs_.size() + part_segs_.size()) + 9 * part_partials_.size() +
+         sizeof(compaction_target) * targets_.size() +
          sizeof(cuda_kernels::grad_totals) * totals_.size() +
          4 * pass_done_.size();
     b += sizeof(cuda_kernels::update_segment) * upd_segs_.size() + sizeof(cuda_kernels::coeff_segment) * coeff_segs_.size();
@@ -816,11 +893,60 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
   }
 
+  // The launch table of the pass in parts: each matrix's range as a segment of its own (the
+  // grad, outputs and groups from the range's first column; row-major rows keep the matrix's
+  // stride), then the vectors'; uploaded once per change of the ranges.
+  void build_parts() {
+    std::vector<cuda_kernels::grad_segment> segs;
+    std::size_t groups = 0;
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const auto [c0, c1] = ranges_[i];
+      if (c1 <= c0) continue;
+      cuda_kernels::grad_segment x = full_segs_[i];
+      const std::size_t first = x.layout == matrix_layout::column_contiguous ? c0 * x.rows : c0;
+      x.grad = static_cast<const unsigned char*>(x.grad) + first * size_of(x.type);
+      x.cols = c1 - c0;
+      x.l1 += c0;
+      x.sumsq += c0;
+      x.bad += c0;
+      x.group0 = groups;
+      groups += group_count(x.cols);
+      segs.push_back(x);
+    }
+    for (std::size_t v = 0; v < vectors_.size(); ++v) {
+      cuda_kernels::grad_segment x = full_segs_[matrices_.size() + v];
+      x.group0 = groups;
+      groups += group_count(x.cols);
+      segs.push_back(x);
+    }
+    part_count_ = segs.size();
+    part_groups_ = groups;
+    if (part_segs_.size() < segs.size()) part_segs_ = buffer<cuda_kernels::grad_segment>(segs.size());
+    if (part_partials_.size() < groups) {
+      part_partials_ = buffer<double>(groups);
+      part_bad_ = buffer<unsigned char>(groups);
+    }
+    if (!segs.empty()) {
+      ZF_CUDA_TRY(cudaMemcpyAsync(part_segs_.data(), segs.data(), segs.size() * sizeof(segs[0]),
+                                  cudaMemcpyHostToDevice, stream_));
+      ZF_CUDA_TRY(cudaStreamSynchronize(stream_));  // (segs is a local)
+    }
+    parts_built_ = true;
+  }
+
   cudaStream_t stream_ = nullptr;
   std::size_t groups_ = 0, total_cols_ = 0;
   buffer<double> l1_, sumsq_, partials_;
   buffer<unsigned char> bad_, group_bad_;
   buffer<cuda_kernels::grad_segment> grad_segs_;
+  std::vector<cuda_kernels::grad_segment> full_segs_;  // grad_segs_ on the host
+  // the pass in parts: each matrix's column range, and their launch table (then the vectors)
+  std::vector<std::pair<std::size_t, std::size_t>> ranges_;
+  bool parts_built_ = false;
+  std::size_t part_count_ = 0, part_groups_ = 0;
+  buffer<cuda_kernels::grad_segment> part_segs_;
+  buffer<double> part_partials_;
+  buffer<unsigned char> part_bad_;
   buffer<compaction_target> targets_;  // per segment (set_compaction; empty: never compacts)
   buffer<cuda_kernels::grad_totals> totals_;
   buffer<unsigned> pass_done_;

@@ -145,6 +145,17 @@ __global__ void convert(const S* __restrict__ src, D* __restrict__ dst, std::siz
     dst[i] = from_float<D>(to_float(src[i]));
 }
 
+// Lines l of len elements: dst[l * dst_stride + j] = src[l * src_stride + j] converted through
+// fp32 (convert's bits); block (bx, by): elements bx*blockDim.x.. of lines by, by + gridDim.y, ...
+template <class S, class D>
+__global__ void convert_lines(const S* __restrict__ src, std::size_t src_stride, D* __restrict__ dst,
+                              std::size_t dst_stride, std::size_t lines, std::size_t len) {
+  const std::size_t j = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= len) return;
+  for (std::size_t l = blockIdx.y; l < lines; l += gridDim.y)
+    dst[l * dst_stride + j] = from_float<D>(to_float(src[l * src_stride + j]));
+}
+
 }  // namespace cuda_kernels
 
 class cuda_space {
@@ -253,12 +264,46 @@ class cuda_space {
     if (n == 0) return;
     const unsigned b = cuda_kernels::blocks_for(n, cuda_kernels::threads);
     const unsigned grid = b < 65536u ? b : 65535u;
-    auto run = [&](auto s, auto d) {
+    with_types(st, dt, [&](auto s, auto d) {
       using S = decltype(s);
       using D = decltype(d);
       cuda_kernels::convert<S, D><<<grid, cuda_kernels::threads, 0, stream_>>>(static_cast<const S*>(src),
                                                                                static_cast<D*>(dst), n);
-    };
+    });
+    ZF_CUDA_CHECK_LAUNCH("convert");
+  }
+  // `lines` runs of len elements: type st at src (a run every src_stride elements) to type dt at
+  // dst (every dst_stride), converted as convert() does (device memory).
+  void convert_lines(const void* src, dtype st, std::size_t src_stride, void* dst, dtype dt, std::size_t dst_stride,
+                     std::size_t lines, std::size_t len) {
+    if (lines == 0 || len == 0) return;
+    const dim3 grid(cuda_kernels::blocks_for(len, cuda_kernels::threads),
+                    unsigned(lines < cuda_kernels::max_grid_y ? lines : cuda_kernels::max_grid_y));
+    with_types(st, dt, [&](auto s, auto d) {
+      using S = decltype(s);
+      using D = decltype(d);
+      cuda_kernels::convert_lines<S, D><<<grid, cuda_kernels::threads, 0, stream_>>>(
+          static_cast<const S*>(src), src_stride, static_cast<D*>(dst), dst_stride, lines, len);
+    });
+    ZF_CUDA_CHECK_LAUNCH("convert_lines");
+  }
+  // bytes from src to dst, both device memory, in stream order.
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
+                  std::size_t n, std::size_t width) {
+    if (n == 0) return;
+    const unsigned blocks = n < cuda_kernels::max_grid_x ? unsigned(n) : cuda_kernels::max_grid_x;
+    cuda_kernels::move_slots<<<blocks, cuda_kernels::threads, 0, stream_>>>(
+        static_cast<std::uint32_t*>(dst), dst_slot, static_cast<const std::uint32_t*>(src), src_slot, width / 4, n);
+    ZF_CUDA_CHECK_LAUNCH("move_slots");
+  }
+
+ private:
+  // run(S{}, D{}) with the element types of st and dt
+  template <class Run>
+  static void with_types(dtype st, dtype dt, Run run) {
     auto to = [&](auto s) {
       switch (dt) {
         case dtype::f32: return run(s, float{});
@@ -271,18 +316,7 @@ class cuda_space {
       case dtype::bf16: to(bfloat16{}); break;
       case dtype::f16: to(float16{}); break;
     }
-    ZF_CUDA_CHECK_LAUNCH("convert");
   }
-  void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
-                  std::size_t n, std::size_t width) {
-    if (n == 0) return;
-    const unsigned blocks = n < cuda_kernels::max_grid_x ? unsigned(n) : cuda_kernels::max_grid_x;
-    cuda_kernels::move_slots<<<blocks, cuda_kernels::threads, 0, stream_>>>(
-        static_cast<std::uint32_t*>(dst), dst_slot, static_cast<const std::uint32_t*>(src), src_slot, width / 4, n);
-    ZF_CUDA_CHECK_LAUNCH("move_slots");
-  }
-
- private:
   template <bool Scatter>
   void columns(const void* in, dtype t, void* out, matrix_layout layout, std::size_t rows, std::size_t cols,
                const std::uint32_t* list, std::size_t n) {
