@@ -234,7 +234,7 @@ class optimizer {
   // hold the reduced gradient (rounded to their dtype) where this rank used it — the vectors,
   // the columns of its blocks, the selected columns — and its own gradient elsewhere (all of
   // them reduced with a communicator that has no reduce_scatter: mpi_allreduce_communicator,
-  // nccl_communicator).
+  // nccl_allreduce_communicator).
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
     check_usable();
