@@ -1,11 +1,13 @@
 // fused_adamw on cuda_space: the GpuUpdater of the paper's system.
 //  - gradient_pass: ONE launch reads every gradient once (all matrices, either layout, and all
 //    vectors, any dtype): per-column L1 and sum of squares, non-finite flags and the 32-column
-//    group partials; a second one-block launch folds the partials into the global sum of
-//    squares. Both follow the canonical order of functors.hpp, so the values are the host
-//    space's bits. The finite flag and the norm (16 bytes) are read back, because step()
-//    returns whether the step was applied: with the overlapped offload this is a step's only
-//    wait for the device (warm-up and synchronous steps also wait for their transfers).
+//    group partials, which the launch's last block folds into the global sum of squares. Both
+//    follow the canonical order of functors.hpp, so the values are the host space's bits. The
+//    finite flag and the norm (16 bytes) are read back, because step() returns whether the step
+//    was applied: with the overlapped offload this is a step's only wait for the device
+//    (warm-up and synchronous steps also wait for their transfers). On request the same launch
+//    also writes the offload's compaction (set_compaction). Data parallel, the pass runs in
+//    parts (a rank's column blocks) and summarize() folds the gathered statistics.
 //  - select_topk: the k best columns of every matrix in one sort over all matrices
 //    (cub::DeviceSegmentedSort::StableSortPairsDescending: equal scores keep ascending column
 //    order, the host selector's tie rule), then flags and cub::DeviceSelect::Flagged, which yields
