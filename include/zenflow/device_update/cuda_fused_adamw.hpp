@@ -705,14 +705,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     stream_ = space.stream();
     if (groups_ == 0) return {true, 0.0};
     enqueue_gradient_pass(space, compact);
-    ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
-                                cudaMemcpyDeviceToHost, stream_));
-    // wait on a blocking-sync event: the thread sleeps through the trainer's backward instead of
-    // spinning a core that the host update and the offload lane need
-    space.record(summary_ready_);
-    summary_ready_.wait();
-    scores_valid_[0] = scores_valid_[1] = false;
-    return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
+    return read_summary();
   }
 
   // The pass in parts, for a data-parallel optimizer whose rank holds the reduced gradient of
@@ -749,12 +742,7 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
         grad_segs_.data(), int(matrices_.size() + vectors_.size()), partials_.data(), group_bad_.data(),
         pass_done_.data(), totals_.data());
     ZF_CUDA_CHECK_LAUNCH("summarize_groups");
-    ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
-                                cudaMemcpyDeviceToHost, stream_));
-    summary_ready_.create();
-    ZF_CUDA_TRY(cudaEventRecord(summary_ready_.get(), stream_));
-    summary_ready_.wait();
-    return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
+    return read_summary();
   }
 
   void update(cuda_space& space, float factor, const adamw_hyper& hyper) {
@@ -893,6 +881,19 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     if (!bytes) return;
     ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy));
     ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+
+  // The 16-byte summary the last launch wrote, read back. The wait is on a blocking-sync event:
+  // the thread sleeps through the trainer's backward instead of spinning a core that the host
+  // update and the offload lane need.
+  grad_summary read_summary() {
+    ZF_CUDA_TRY(cudaMemcpyAsync(totals_host_.data(), totals_.data(), sizeof(cuda_kernels::grad_totals),
+                                cudaMemcpyDeviceToHost, stream_));
+    summary_ready_.create();
+    ZF_CUDA_TRY(cudaEventRecord(summary_ready_.get(), stream_));
+    summary_ready_.wait();
+    scores_valid_[0] = scores_valid_[1] = false;
+    return {totals_host_.data()->bad == 0, totals_host_.data()->sumsq};
   }
 
   // The launch table of the pass in parts: each matrix's range as a segment of its own (the

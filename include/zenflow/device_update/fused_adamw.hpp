@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "../host/kernel_table.hpp"
 #include "../params.hpp"
 #include "../policies.hpp"
+#include "../space/host_space.hpp"
 #include "functors.hpp"
 #include "updater_state.hpp"
 
@@ -125,20 +125,15 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
         space.parallel_for(c1 - c0, [=](std::size_t c) { f(c0 + c); });
         return;
       }
-      const G* grad = f.grad;
       G* out = static_cast<G*>(t.dst);
       const std::uint32_t* slot = t.slot;
-      const std::size_t rows = s.p.rows, cols = s.p.cols;
-      const matrix_layout layout = s.p.layout;
+      const matrix_param p = s.p;
       space.parallel_for(c1 - c0, [=](std::size_t k) {
-        const std::size_t c = c0 + k;
+        const std::uint32_t c = std::uint32_t(c0 + k);
         f(c);
-        const std::uint32_t at = slot[c];
-        if (at == no_slot) return;
-        G* dst = out + std::size_t(at) * rows;
-        if (layout == matrix_layout::column_contiguous) std::memcpy(dst, grad + c * rows, rows * sizeof(G));
-        else
-          for (std::size_t r = 0; r < rows; ++r) dst[r] = grad[r * cols + c];
+        if (slot[c] != no_slot)  // (the host space's compaction, one column)
+          host_space::compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, &c, 1,
+                                      out + std::size_t(slot[c]) * p.rows);
       });
     });
   }
