@@ -793,6 +793,158 @@ TEST_CASE("data parallel: a save that fails on any rank leaves the previous set 
   CHECK_THROWS_AS(t.opt.save(tmp_path("no-such-directory/x.zfc")), std::runtime_error);
 }
 
+// What initialize() threw on this rank: its message ("" when it succeeded) and whether it was a
+// config_error.
+template <class Opt>
+std::pair<std::string, bool> initialize_error(Opt& opt) {
+  try {
+    opt.initialize();
+  } catch (const config_error& e) {
+    return {e.what(), true};
+  } catch (const std::exception& e) {
+    return {e.what(), false};
+  }
+  return {"", false};
+}
+
+// An accumulator whose allocation fails where fail_allocation is set (a rank short of memory).
+bool fail_allocation = false;
+struct failing_accumulator : simd_accumulator {
+  using simd_accumulator::simd_accumulator;
+  void allocate(bool double_buffer) {
+    if (fail_allocation) throw std::bad_alloc();
+    simd_accumulator::allocate(double_buffer);
+  }
+};
+
+TEST_CASE("data parallel: ranks that registered different tensors or configs all refuse initialize(), in the same words") {
+  // The last rank differs from the others in one thing at a time. Without the comparison a
+  // different shape would meet the others' collectives with other sizes (an MPI error or a hang),
+  // and a different setting would let the replicated state drift apart with no error at all.
+  // Every rank must throw, every rank the same message, naming what differs on which rank, and
+  // the ranks must still be in step afterwards (checked at the end by training against the
+  // reference). Exact expected words: the values are the test's own, printed exactly.
+  const int last = ranks() - 1;
+  const bool odd = my_rank() == last && ranks() > 1;
+  const std::string them = "rank " + std::to_string(last);
+  const config base = test_config(true);
+  struct mismatch {
+    const char* name;
+    void (*conf)(config&);
+    void (*reg)(dp_optimizer&, model&);  // the odd rank's registrations
+    std::string expect;
+    bool config_err;
+  };
+  auto plain = [](dp_optimizer& o, model& m) { m.add_to(o); };
+  const std::string m1 = std::to_string(R1) + " x ", v0 = std::to_string(N2) + " elements, f32 params, f16 grads, lr_scale ";
+  const std::vector<mismatch> cases = {
+      {"topk_ratio", [](config& c) { c.topk_ratio = 0.5; }, plain, "topk_ratio is 0.5 on " + them + ", 0.25 on rank 0", true},
+      {"lr", [](config& c) { c.adam.lr = 2e-2f; }, plain, "lr is 0.02 on " + them + ", 0.01 on rank 0", true},
+      {"reduction", [](config& c) { c.gradient_reduction = reduce_op::sum; }, plain,
+       "gradient_reduction is 1 on " + them + ", 0 on rank 0", true},
+      {"overlap", [](config& c) { c.overlap_step = false; }, plain, "overlap_step is 0 on " + them + ", 1 on rank 0", true},
+      {"shape", [](config&) {},
+       [](dp_optimizer& o, model& m) {
+         o.add_matrix(matrix(m.w0.data(), m.g0.data(), rows{R0}, cols{C0}).dtypes(dtype::f32, dtype::bf16));
+         o.add_matrix(matrix(m.w1.data(), m.g1.data(), rows{R1}, cols{C1 - 1}).row_major().dtypes(dtype::bf16, dtype::f32));
+         o.add_vector(zenflow::vector(m.b2.data(), m.g2.data(), N2).dtypes(dtype::f32, dtype::f16));
+       },
+       "matrix 1: " + m1 + std::to_string(C1 - 1) + ", bf16 params, f32 grads, row-major, lr_scale 1, weight_decay_scale 1 on " +
+           them + ", " + m1 + std::to_string(C1) + ", bf16 params, f32 grads, row-major, lr_scale 1, weight_decay_scale 1 on rank 0",
+       false},
+      {"group", [](config&) {},
+       [](dp_optimizer& o, model& m) {
+         o.add_matrix(matrix(m.w0.data(), m.g0.data(), rows{R0}, cols{C0}).dtypes(dtype::f32, dtype::bf16));
+         o.add_matrix(matrix(m.w1.data(), m.g1.data(), rows{R1}, cols{C1}).row_major().dtypes(dtype::bf16, dtype::f32));
+         o.add_vector(zenflow::vector(m.b2.data(), m.g2.data(), N2).dtypes(dtype::f32, dtype::f16).group(1.0f, 0.0f));
+       },
+       "vector 0: " + v0 + "1, weight_decay_scale 0 on " + them + ", " + v0 + "1, weight_decay_scale 1 on rank 0", false},
+      {"count", [](config&) {},
+       [](dp_optimizer& o, model& m) {
+         m.add_to(o);
+         static std::vector<float> b(N2), g(N2);  // (registered buffers must not overlap)
+         o.add_vector(zenflow::vector(b.data(), g.data(), N2));
+       },
+       "registered different tensors: " + them + " 2 matrices and 2 vectors, rank 0 2 and 1", false},
+  };
+  for (const mismatch& c : cases) {
+    CAPTURE(c.name);
+    config cfg = base;
+    if (odd) c.conf(cfg);
+    model m;
+    dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+    if (odd) c.reg(opt, m);
+    else m.add_to(opt);
+    const auto [what, config_err] = initialize_error(opt);
+    if (ranks() == 1) {  // one rank: nothing to compare, nothing differs
+      CHECK(what.empty());
+      continue;
+    }
+    CHECK(what.find(c.expect) != std::string::npos);
+    CHECK(config_err == c.config_err);
+    CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
+    CHECK(!opt.initialized());
+  }
+  {  // host_threads may differ (a rank's own resources): initialize() succeeds everywhere
+    config cfg = base;
+    if (odd) cfg.host_threads = 2;
+    model m;
+    dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+    m.add_to(opt);
+    CHECK(initialize_error(opt).first.empty());
+  }
+  {  // a rank with nothing registered: it says so, the others that it failed
+    model m;
+    dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
+    if (!odd) m.add_to(opt);
+    const std::string what = initialize_error(opt).first;
+    if (ranks() > 1)
+      CHECK(what.find(odd ? "no parameters registered" : "another rank's initialize() failed") != std::string::npos);
+    else
+      CHECK(what.empty());
+  }
+  {  // a rank whose allocation fails: its own error there, every other rank undoes its build
+    using failing_optimizer =
+        optimizer<host_space, column_topk, fused_adamw<host_space>, failing_accumulator, host_copy, bounded_async, mpi_communicator>;
+    model m;
+    failing_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
+    m.add_to(opt);
+    fail_allocation = odd;
+    std::string what;
+    bool bad_alloc = false;
+    try {
+      opt.initialize();
+    } catch (const std::bad_alloc&) {
+      bad_alloc = true;
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    fail_allocation = false;
+    CHECK(bad_alloc == odd);
+    if (ranks() > 1 && !odd) CHECK(what.find("another rank's initialize() failed") != std::string::npos);
+    CHECK(opt.initialized() == (ranks() == 1));
+    // and on every rank the same optimizer initializes once the memory is there
+    if (!opt.initialized()) CHECK_NOTHROW(opt.initialize());
+  }
+  {  // the staged path (the comparison's gathers through the space's device memory)
+    config cfg = base;
+    if (odd) cfg.adam.beta2 = 0.95f;
+    model m;
+    staged_optimizer opt(cfg, staged_mpi(MPI_COMM_WORLD));
+    m.add_to(opt);
+    const auto [what, config_err] = initialize_error(opt);
+    if (ranks() > 1) {
+      CHECK(what.find("beta2 is 0.95 on " + them + ", 0.999 on rank 0") != std::string::npos);
+      CHECK(config_err);
+    }
+  }
+  // The ranks are still in step: an agreeing optimizer trains as the reference does.
+  const gradient_source src;
+  trained t(src, base, 6);
+  CHECK(state_of(t.opt, t.m) == reference_state(src, base, 6, 6, false));
+  if (ranks() > 1) CHECK(t.opt.stats().bytes_reduced > 0);  // (one rank reduces nothing)
+}
+
 TEST_CASE("data parallel: the reduction's shards cover every element once, whatever n and R") {
   for (std::size_t n : {0u, 1u, 3u, 7u, 1000u, 1000003u})
     for (int R = 1; R <= 9; ++R) {

@@ -84,6 +84,13 @@ inline std::uint32_t crc32(const unsigned char* p, std::size_t n) noexcept {
   return crc32_final(crc32_update(crc32_init, p, n));
 }
 
+// FNV-1a, 64 bits: a digest for comparing bytes that are not at hand (not a checksum of a file).
+inline std::uint64_t fnv1a64(const unsigned char* p, std::size_t n) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 // The bounded buffer size both directions stream through.
 inline constexpr std::size_t stream_chunk = std::size_t(1) << 20;
 

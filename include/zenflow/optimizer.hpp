@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -178,34 +179,48 @@ class optimizer {
 
   // Allocates all state and takes the fp32 masters from the current params. On failure nothing
   // is left half-built: the optimizer stays uninitialised with its registrations.
+  // Data parallel, a collective: every rank calls it, and it succeeds on every rank or on none
+  // (a rank whose build failed tells the others, which undo theirs). Every rank must have
+  // registered the same tensors in the same order (shapes, dtypes, layouts, group scales) under
+  // the same config (host_threads and the groups' names aside): the ranks compare theirs, and on
+  // a difference every rank throws the same error naming the first rank that differs from rank 0
+  // and what differs — instead of collectives that do not match, or replicated state that drifts
+  // apart unseen.
   void initialize() {
     if (initialized_) fail("initialize() called twice");
     // (no enter(): space_.initialize() checks the device and makes it current, with a clear
     // error and a rollback when there is none)
-    if (matrices_.empty() && vectors_.empty()) fail("initialize(): no parameters registered");
+    std::exception_ptr failed;
     try {
+      if (matrices_.empty() && vectors_.empty()) fail("initialize(): no parameters registered");
       build();
     } catch (...) {
-      host_ = HostAccumulator(cfg_.host_threads);
-      updater_ = GpuUpdater{};
-      grad_compact_ = {};
-      compact_slot_ = {};
-      dev_stage_ = {};
-      slots_dev_ = {};
-      compacted_ = {};
-      lists_dev_.clear();
-      lists_pool_ = {};
-      async_offload_ = false;
-      unselected_.clear();
-      selected_.clear();
-      iota_.clear();
-      throw;
+      unbuild();
+      if (!distributed()) throw;
+      failed = std::current_exception();
     }
     if constexpr (data_parallel) {
-      std::size_t n = 0;
-      for (const auto& p : matrices_) n += p.rows * p.cols;
-      for (const auto& p : vectors_) n += p.n;
-      reduce_buf_ = typename Space::template buffer<float>(std::min(n, reduce_round()));
+      if (distributed()) {
+        bool everyone = false;
+        try {
+          everyone = comm_.all_agree(!failed);
+        } catch (...) {
+          if (failed) std::rethrow_exception(failed);  // (this rank's own error says more)
+          unbuild();
+          throw;
+        }
+        if (failed) std::rethrow_exception(failed);
+        if (!everyone) {
+          unbuild();
+          fail("initialize(): another rank's initialize() failed; nothing was built on this rank either");
+        }
+        try {
+          check_ranks_match();
+        } catch (...) {
+          unbuild();
+          throw;
+        }
+      }
     }
     initialized_ = true;
   }
@@ -294,7 +309,7 @@ class optimizer {
     s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     s.host_bookkeeping_bytes = bookkeeping_bytes();
-    s.bytes_reduced = comm_.bytes_sent() + shared_;
+    s.bytes_reduced = comm_.bytes_sent() - setup_sent_ + shared_;
     s.bytes_gathered = gathered_;
     s.reduce_seconds = double(reduce_ns_) * 1e-9;
     if (initialized_) {
@@ -1027,10 +1042,42 @@ class optimizer {
         }
       }
     }
+    if constexpr (data_parallel) {
+      std::size_t n = 0;
+      for (const auto& p : matrices_) n += p.rows * p.cols;
+      for (const auto& p : vectors_) n += p.n;
+      reduce_buf_ = typename Space::template buffer<float>(std::min(n, reduce_round()));
+    }
     space_.fence();
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
     base_to_device_ = transport_.bytes_to_device();
     base_stall_ = scheduler_.stall_seconds();
+  }
+
+  // What build() made, undone (initialize() failed): the optimizer as registered.
+  void unbuild() {
+    host_ = HostAccumulator(cfg_.host_threads);
+    updater_ = GpuUpdater{};
+    grad_compact_ = {};
+    compact_slot_ = {};
+    compact_offset_.clear();
+    dev_stage_ = {};
+    slots_dev_ = {};
+    compacted_ = {};
+    lists_dev_.clear();
+    lists_pool_ = {};
+    ahead_ = {};
+    ahead_at_.clear();
+    ahead_on_ = false;
+    async_offload_ = false;
+    any_selected_ = false;
+    unselected_.clear();
+    selected_.clear();
+    iota_.clear();
+    if constexpr (data_parallel) {
+      reduce_buf_ = {};
+      gather_buf_ = {};
+    }
   }
 
   // A matrix whose every column is selected (topk_ratio 1: device AdamW) and that has no warm-up
@@ -1166,6 +1213,129 @@ class optimizer {
       }
     }
   }
+  // More than one rank: the optimizer's collectives run.
+  bool distributed() const noexcept {
+    if constexpr (data_parallel) return comm_.size() > 1;
+    else return false;
+  }
+
+  // initialize()'s comparison of the ranks (see there): each rank's config (as a checkpoint
+  // writes it, host_threads zeroed), its tensor counts and a digest of its registrations are
+  // gathered onto every rank; where the digests differ, the registrations themselves are
+  // gathered next, to name the tensor. Every rank sees the same bytes, so every rank reaches the
+  // same verdict (and the same collectives). Its bytes are not a step's: not in bytes_reduced.
+  void check_ranks_match() {
+    using ckpt_io = detail::optimizer_checkpoint<optimizer>;
+    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    const std::uint64_t sent_before = comm_.bytes_sent();
+    ckpt::writer conf, tensors;
+    config mine = cfg_;
+    mine.host_threads = 0;  // a rank's own resources
+    ckpt_io::write_config(conf, mine);
+    for (const matrix_param& p : matrices_) {
+      tensors.put<std::uint64_t>(p.rows);
+      tensors.put<std::uint64_t>(p.cols);
+      for (dtype t : {p.param_type, p.grad_type}) tensors.put<std::uint8_t>(std::uint8_t(t));
+      tensors.put<std::uint8_t>(std::uint8_t(p.layout));
+      tensors.put(p.lr_scale);
+      tensors.put(p.weight_decay_scale);
+    }
+    for (const vector_param& p : vectors_) {
+      tensors.put<std::uint64_t>(p.n);
+      for (dtype t : {p.param_type, p.grad_type}) tensors.put<std::uint8_t>(std::uint8_t(t));
+      tensors.put(p.lr_scale);
+      tensors.put(p.weight_decay_scale);
+    }
+    const std::size_t csize = conf.data().size(), per = csize + 24;
+    std::vector<unsigned char> all(per * R);
+    {
+      unsigned char* at = all.data() + per * me;
+      std::memcpy(at, conf.data().data(), csize);
+      const std::uint64_t tail[3] = {matrices_.size(), vectors_.size(),
+                                     ckpt::fnv1a64(tensors.data().data(), tensors.data().size())};
+      std::memcpy(at + csize, tail, sizeof tail);
+    }
+    counts_.assign(R, per);
+    all_gather_host(all.data(), counts_.data());
+    auto rank_bytes = [&](std::size_t r) { return all.data() + per * r; };
+    std::size_t odd = 0;  // the first rank unlike rank 0
+    for (std::size_t r = 1; r < R && !odd; ++r)
+      if (std::memcmp(rank_bytes(r), rank_bytes(0), per) != 0) odd = r;
+    const std::string them = "rank " + std::to_string(odd);
+    if (odd && std::memcmp(rank_bytes(odd), rank_bytes(0), csize) != 0) {
+      auto read = [&](std::size_t r) {
+        ckpt::reader in(rank_bytes(r), csize, "config");
+        return ckpt_io::read_config(in);
+      };
+      const config theirs = read(odd), first = read(0);
+      std::string what;
+      ckpt_io::compare_config(first, theirs, [&](const std::string& m) { if (what.empty()) what = m; },
+                              "on " + them, "on rank 0");
+      if (what.empty() && !(theirs.adam.lr == first.adam.lr))
+        what = "config differs: lr is " + detail::exact(theirs.adam.lr) + " on " + them + ", " +
+               detail::exact(first.adam.lr) + " on rank 0";
+      throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
+                         "); every rank needs the same config, host_threads aside");
+    }
+    std::uint64_t tail[2][3];
+    if (odd) {
+      std::memcpy(tail[0], rank_bytes(0) + csize, sizeof tail[0]);
+      std::memcpy(tail[1], rank_bytes(odd) + csize, sizeof tail[1]);
+      if (tail[0][0] != tail[1][0] || tail[0][1] != tail[1][1])
+        fail("initialize(): the ranks registered different tensors: " + them + " " + std::to_string(tail[1][0]) +
+             " matrices and " + std::to_string(tail[1][1]) + " vectors, rank 0 " + std::to_string(tail[0][0]) +
+             " and " + std::to_string(tail[0][1]));
+      // Same counts, so the registrations have the same size on every rank: gathered to name the
+      // first tensor that differs.
+      const std::size_t tsize = tensors.data().size();
+      std::vector<unsigned char> regs(tsize * R);
+      std::memcpy(regs.data() + tsize * me, tensors.data().data(), tsize);
+      counts_.assign(R, tsize);
+      all_gather_host(regs.data(), counts_.data());
+      const unsigned char* a = regs.data();
+      const unsigned char* b = regs.data() + tsize * odd;
+      const std::size_t per_matrix = 27, per_vector = 18;  // (as written above)
+      std::string which = "a tensor";
+      for (std::size_t i = 0; i < matrices_.size(); ++i)
+        if (std::memcmp(a + per_matrix * i, b + per_matrix * i, per_matrix) != 0) {
+          which = "matrix " + std::to_string(i) + ": " + describe_matrix(b + per_matrix * i) + " on " + them + ", " +
+                  describe_matrix(a + per_matrix * i) + " on rank 0";
+          break;
+        }
+      const std::size_t v0 = per_matrix * matrices_.size();
+      for (std::size_t i = 0; i < vectors_.size() && which == "a tensor"; ++i)
+        if (std::memcmp(a + v0 + per_vector * i, b + v0 + per_vector * i, per_vector) != 0)
+          which = "vector " + std::to_string(i) + ": " + describe_vector(b + v0 + per_vector * i) + " on " + them +
+                  ", " + describe_vector(a + v0 + per_vector * i) + " on rank 0";
+      fail("initialize(): the ranks registered different tensors (" + which +
+           "); every rank registers the same tensors in the same order");
+    }
+    setup_sent_ += comm_.bytes_sent() - sent_before;
+  }
+  // One registration as check_ranks_match gathers it, in words.
+  static std::string describe_matrix(const unsigned char* p) {
+    std::uint64_t rc[2];
+    float sc[2];
+    std::memcpy(rc, p, 16);
+    std::memcpy(sc, p + 19, 8);
+    return std::to_string(rc[0]) + " x " + std::to_string(rc[1]) + ", " + describe_types(p + 16) +
+           (p[18] == std::uint8_t(matrix_layout::row_major) ? ", row-major" : ", column-contiguous") +
+           describe_scales(sc);
+  }
+  static std::string describe_vector(const unsigned char* p) {
+    std::uint64_t n;
+    float sc[2];
+    std::memcpy(&n, p, 8);
+    std::memcpy(sc, p + 10, 8);
+    return std::to_string(n) + " elements, " + describe_types(p + 8) + describe_scales(sc);
+  }
+  static std::string describe_types(const unsigned char* t) {
+    return std::string(name_of(dtype(t[0]))) + " params, " + std::string(name_of(dtype(t[1]))) + " grads";
+  }
+  static std::string describe_scales(const float* sc) {
+    return ", lr_scale " + detail::exact(sc[0]) + ", weight_decay_scale " + detail::exact(sc[1]);
+  }
+
   // At least `bytes` of the space's device memory for a collective (contents not kept).
   unsigned char* gather_space(std::size_t bytes) {
     if (gather_buf_.size() < bytes) {
@@ -1718,6 +1888,7 @@ class optimizer {
   std::vector<scatter_item> scatter_items_;
   std::vector<std::size_t> scatter_counts_;
   std::uint64_t shared_ = 0;
+  std::uint64_t setup_sent_ = 0;  // the communicator's bytes of initialize()'s comparison of the ranks
   // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where
   // the blocks of params or joining state are gathered, and the bytes this rank sent there.
   std::vector<std::size_t> counts_;

@@ -804,12 +804,15 @@ struct optimizer_checkpoint {
     c.host_threads = r.get<unsigned>();
     return c;
   }
-  // Everything but lr and host_threads must agree between the file (f) and this optimizer.
+  // Everything but lr and host_threads must agree between the file (f) and this optimizer (or,
+  // with other names, between two ranks).
   template <class Bad>
-  static void compare_config(const config& here, const config& f, Bad bad) {
+  static void compare_config(const config& here, const config& f, Bad bad, const std::string& f_name = "in the file",
+                             const std::string& here_name = "here") {
     auto differ = [&](const char* key, auto file, auto here) {
-      if (!(file == here)) bad(std::string("config differs: ") + key + " is " + detail::exact(file) + " in the file, " +
-                               detail::exact(here) + " here");
+      if (!(file == here))
+        bad(std::string("config differs: ") + key + " is " + detail::exact(file) + " " + f_name + ", " +
+            detail::exact(here) + " " + here_name);
     };
     differ("topk_ratio", f.topk_ratio, here.topk_ratio);
     differ("select_interval", f.select_interval.automatic ? -1.0 : double(f.select_interval.steps),
