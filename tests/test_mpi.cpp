@@ -1139,6 +1139,31 @@ TEST_CASE("data parallel: a rank killed mid-save: the loading job" * doctest::sk
   CHECK(!exists(stale));
 }
 
+// An exception escaping a test case on one rank would leave the other ranks waiting in a
+// collective until ctest's timeout (minutes); this listener ends the whole job at once instead,
+// saying which rank and what.
+struct abort_on_escape : doctest::IReporter {
+  explicit abort_on_escape(const doctest::ContextOptions&) {}
+  void test_case_exception(const doctest::TestCaseException& e) override {
+    std::fprintf(stderr, "zenflow test_mpi: rank %d: an exception escaped a test case (%s); ending the job\n", my_rank(),
+                 e.error_string.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData&) override {}
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+REGISTER_LISTENER("abort_on_escape", 1, abort_on_escape);
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rc = 0;
