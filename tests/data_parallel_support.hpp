@@ -16,7 +16,10 @@ namespace zf_dp_test {
 
 // Three tensors with three grad dtypes: an fp32 R0 x C0 matrix with bf16 grads, a bf16 row-major
 // R1 x C1 matrix with fp32 grads, an fp32 vector of N2 with fp16 grads.
-inline constexpr std::size_t R0 = 16, C0 = 40, R1 = 8, C1 = 24, N2 = 20;
+// R0 is odd: 30 bytes a bf16 column, so the pieces of selected columns that the ranks gather
+// come in sizes that are not multiples of 4 (the next matrix's fp32 piece must still start on
+// its grid on a GPU).
+inline constexpr std::size_t R0 = 15, C0 = 40, R1 = 8, C1 = 24, N2 = 20;
 
 // Rank r's local gradient at step s, element i of tensor k (a hash mapped to [-1, 1), with a
 // per-column scale so that the top-k selection has something to find).

@@ -191,6 +191,35 @@ TEST_CASE("cuda: column compaction, scatter and slot moves equal the host space'
     space.fence();
     CHECK(dd.get() == want);
   }
+  // batched copies: pieces at 8-byte-aligned places and lengths (the word path) and not (the
+  // byte path: odd offsets, odd lengths, a flag array's single bytes), one piece empty; against the host space's memcpy of the same table
+  {
+    const std::size_t bytes = 40'000;
+    const auto from = random_bytes(r, bytes), to0 = random_bytes(r, bytes);
+    dev_bytes dfrom(from), dto(to0);
+    std::vector<std::pair<std::size_t, std::size_t>> at;  // (offset, length), destinations disjoint
+    std::size_t next = 0;
+    for (std::size_t len : {std::size_t(8 * 513), std::size_t(1), std::size_t(0), std::size_t(4097), std::size_t(64),
+                            std::size_t(3), std::size_t(8 * 1000 + 5), std::size_t(17)}) {
+      at.push_back({next, len});
+      next += len + (len % 2 ? 1 : 8);  // odd gaps put some pieces off the 8-byte grid
+    }
+    std::vector<copy_piece> host_table, dev_table;
+    std::vector<unsigned char> want = to0;
+    for (std::size_t k = 0; k < at.size(); ++k) {
+      const auto [o, len] = at[k];
+      const std::size_t src = (bytes - 9000 + 97 * k) % (bytes - len);  // a source anywhere, read only
+      host_table.push_back({from.data() + src, want.data() + o, len});
+      dev_table.push_back({dfrom.d.data() + src, dto.d.data() + o, len});
+    }
+    host_space::copy_pieces(host_table.data(), host_table.size());
+    device_array<copy_piece> dtab(dev_table.size());
+    space.upload(dtab.data(), dev_table.data(), dev_table.size() * sizeof(copy_piece));
+    space.copy_pieces(dtab.data(), dev_table.size());
+    space.fence();
+    CHECK(dto.get() == want);
+    CHECK(want != to0);
+  }
 }
 
 // The gradient pass of both spaces on the same gradients: every per-column L1 and sum of

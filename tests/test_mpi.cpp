@@ -223,8 +223,12 @@ run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap
     if (out.skipped.back()) continue;
     for (auto [k, rows_, cols_, es] : {std::tuple{0, R0, C0, 2}, std::tuple{1, R1, C1, 4}}) {
       const auto [c0, c1] = own_block(cols_);
+      std::uint64_t own = 0;
       for (std::uint32_t c : opt.selected_columns(matrix_id{std::size_t(k)}))
-        if (c >= c0 && c < c1) out.own_selected_bytes += std::uint64_t(rows_) * std::uint64_t(es);
+        if (c >= c0 && c < c1) ++own;
+      // each matrix's piece padded to 16 bytes (R0 = 15 bf16 rows: 30 bytes a column, so an odd
+      // count is padded)
+      out.own_selected_bytes += (own * std::uint64_t(rows_) * std::uint64_t(es) + 15) / 16 * 16;
     }
   }
   out.synced = synced_params(opt);
@@ -300,7 +304,8 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       // reduce-scattered by column blocks (the others' blocks, 4 bytes an element), the vector
       // all-reduced (the others' pieces of it, then its own shard to each of the others) and its
       // blocks' column statistics to each of the others (17 bytes a column). Every applied step:
-      // its blocks' selected columns' reduced gradients to each of the others (grad dtype).
+      // its blocks' selected columns' reduced gradients to each of the others (grad dtype, each
+      // matrix's piece padded to 16 bytes).
       const std::uint64_t R = std::uint64_t(ranks());
       std::uint64_t per_step = 0;
       for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {

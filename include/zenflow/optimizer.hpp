@@ -706,17 +706,19 @@ class optimizer {
       total += counts_[r];
     }
     unsigned char* base = gather_space(total);
-    // rank r's block: per matrix, its columns' L1s, then sums of squares, then flags
-    auto move = [&](std::size_t r, bool out) {
-      unsigned char* at = base;
-      for (std::size_t q = 0; q < r; ++q) at += counts_[q];
+    // rank r's block: per matrix, its columns' L1s, then sums of squares, then flags; this
+    // rank's block out of the updater's arrays, then the others' in, each as one batched copy
+    // (3 pieces a matrix and rank: thousands of copies a step for a large model and R)
+    stats_out_.pieces.clear();
+    stats_in_.pieces.clear();
+    for (std::size_t r = 0, at = 0; r < R; ++r) {
       for (std::size_t i = 0; i < matrices_.size(); ++i) {
         const std::size_t c0 = col_begin(i, int(r)), n = col_begin(i, int(r) + 1) - c0;
         auto io = [&](void* arr, std::size_t width) {
           auto* a = static_cast<unsigned char*>(arr) + c0 * width;
           if (n) {
-            if (out) copy_on_space(at, a, n * width);
-            else copy_on_space(a, at, n * width);
+            if (r == me) stats_out_.pieces.push_back({a, base + at, n * width});
+            else stats_in_.pieces.push_back({base + at, a, n * width});
           }
           at += n * width;
         };
@@ -724,20 +726,39 @@ class optimizer {
         io(updater_.column_sumsq(i), sizeof(double));
         io(updater_.column_bad(i), 1);
       }
-    };
-    move(me, true);
+    }
+    copy_batch(stats_out_);
     comm_.all_gather(base, counts_.data());
-    for (std::size_t r = 0; r < R; ++r)
-      if (r != me) move(r, false);
+    copy_batch(stats_in_);
     shared_ += std::uint64_t(R - 1) * counts_[me];
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     return updater_.summarize();
   }
-  // bytes between two places of the space's device memory (the updater's per-column arrays and
-  // the gather space)
-  void copy_on_space(void* dst, const void* src, std::size_t bytes) {
-    if constexpr (std::is_base_of_v<host_space, Space>) std::memcpy(dst, src, bytes);
-    else space_.copy(dst, src, bytes);
+  // A batched copy between places of the space's device memory (copy_piece), with its table
+  // kept in the space's memory: uploaded only when the pieces differ from the last batch's
+  // (a step's statistics tables change only when the gather space moves).
+  struct piece_batch {
+    std::vector<copy_piece> pieces;  // this time's, built on the host
+    std::vector<copy_piece> last;    // those in `table`
+    typename Space::template buffer<copy_piece> table;
+  };
+  void copy_batch(piece_batch& b) {
+    if (b.pieces.empty()) return;
+    if constexpr (std::is_base_of_v<host_space, Space>) {
+      space_.copy_pieces(b.pieces.data(), b.pieces.size());
+    } else {
+      const std::size_t bytes = b.pieces.size() * sizeof(copy_piece);
+      if (b.last.size() != b.pieces.size() || std::memcmp(b.last.data(), b.pieces.data(), bytes) != 0) {
+        if (b.table.size() < b.pieces.size()) {
+          if (b.table.size()) space_.fence();  // the device may still read the old one
+          b.table = {};
+          b.table = typename Space::template buffer<copy_piece>(b.pieces.size());
+        }
+        space_.upload(b.table.data(), b.pieces.data(), bytes);  // (complete on return: after the last batch's copy)
+        b.last = b.pieces;
+      }
+      space_.copy_pieces(b.table.data(), b.pieces.size());
+    }
   }
   // matrix i's selected columns (ascending) in the space's memory: the host mirror on the host
   // space, else the updater's list of the live slot set (the same columns, uploaded at the
@@ -752,15 +773,18 @@ class optimizer {
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
     if (R == 1) return;
     const auto t0 = std::chrono::steady_clock::now();
-    // rank r's part: per matrix, its selected columns in r's block, column after column
+    // rank r's part: per matrix, its selected columns in r's block, column after column, each
+    // matrix's piece padded to 16 bytes: a device space moves a piece in words of its dtype (16
+    // bytes where it can), so a piece must not start off that grid after an odd-sized 2-byte one
     auto range = [&](std::size_t i, std::size_t r) { return rank_part(i, selected_[i].data(), selected_[i].size(), int(r)); };
+    auto piece = [&](std::size_t i, std::size_t r) {
+      const auto [from, to] = range(i, r);
+      return ((to - from) * matrices_[i].rows * size_of(matrices_[i].grad_type) + 15) / 16 * 16;
+    };
     counts_.assign(R, 0);
     std::size_t total = 0;
     for (std::size_t r = 0; r < R; ++r) {
-      for (std::size_t i = 0; i < matrices_.size(); ++i) {
-        const auto [from, to] = range(i, r);
-        counts_[r] += (to - from) * matrices_[i].rows * size_of(matrices_[i].grad_type);
-      }
+      for (std::size_t i = 0; i < matrices_.size(); ++i) counts_[r] += piece(i, r);
       total += counts_[r];
     }
     if (total == 0) return;  // (the same on every rank: the selections are replicated)
@@ -773,7 +797,7 @@ class optimizer {
         if (r == me && to > from)
           space_.compact_columns(p.grad, p.grad_type, p.layout, p.rows, p.cols, selected_on_space(i) + from, to - from,
                                  base + at);
-        at += (to - from) * p.rows * size_of(p.grad_type);
+        at += piece(i, r);
       }
     comm_.all_gather(base, counts_.data());
     at = 0;
@@ -784,7 +808,7 @@ class optimizer {
         if (r != me && to > from)
           space_.scatter_columns(base + at, p.grad_type, const_cast<void*>(p.grad), p.layout, p.rows, p.cols,
                                  selected_on_space(i) + from, to - from);
-        at += (to - from) * p.rows * size_of(p.grad_type);
+        at += piece(i, r);
       }
     shared_ += std::uint64_t(R - 1) * counts_[me];
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -1887,6 +1911,7 @@ class optimizer {
   };
   std::vector<scatter_item> scatter_items_;
   std::vector<std::size_t> scatter_counts_;
+  piece_batch stats_out_, stats_in_;  // sharded_gradient_pass's batched copies
   std::uint64_t shared_ = 0;
   std::uint64_t setup_sent_ = 0;  // the communicator's bytes of initialize()'s comparison of the ranks
   // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where

@@ -18,6 +18,14 @@ enum class matrix_layout : std::uint8_t {
   row_major = 1,          // [rows][cols]: PyTorch's default
 };
 
+// One piece of a batched copy between places of a space's device memory: the spaces'
+// copy_pieces moves a table of them in one operation (one launch on a GPU, not one call each).
+struct copy_piece {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t bytes = 0;
+};
+
 // Offset of element (row i, column c).
 ZF_HD constexpr std::size_t element_offset(matrix_layout l, std::size_t rows, std::size_t cols,
                                      std::size_t i, std::size_t c) noexcept {

@@ -714,7 +714,9 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   // change), vector_stats() runs one launch over those columns and every vector, writing their
   // per-column statistics; the others' the caller writes through column_l1/column_sumsq/
   // column_bad (device memory); summarize() then folds every column's into the summary (the
-  // canonical order: the same bits as gradient_pass) and reads it back.
+  // canonical order: the same bits as gradient_pass) and reads it back. Every matrix is named
+  // once a pass (a matrix not named keeps its last range, which vector_stats would pass over
+  // again, over what the caller wrote).
   void column_stats(cuda_space& space, std::size_t i, std::size_t c0, std::size_t c1) {
     stream_ = space.stream();
     if (ranges_[i] != std::pair{c0, c1}) {

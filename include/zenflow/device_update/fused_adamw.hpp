@@ -114,6 +114,8 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   // some columns only: the statistics of columns [c0, c1) of matrix i (those of the others it
   // writes into the per-column arrays itself: column_l1/column_sumsq/column_bad), of every
   // vector, and the summary once every column's are in place (the same bits as gradient_pass).
+  // A pass in parts names every matrix once, before vector_stats (an empty range for one with
+  // nothing of this rank's): the CUDA updater runs the ranges it was last given.
   void column_stats(Space& space, std::size_t i, std::size_t c0, std::size_t c1, bool compact = false) {
     auto& s = matrices_[i];
     const compaction_target t = compact && i < targets_.size() ? targets_[i] : compaction_target{};

@@ -125,6 +125,25 @@ __global__ void __launch_bounds__(256) columns_row_major(const W* __restrict__ i
   }
 }
 
+// Block k copies piece table[k] (k, k + gridDim.x, ... when n exceeds the grid): 8-byte words
+// where source, destination and length are multiples of 8, else bytes (still consecutive
+// threads on consecutive bytes).
+template <int = 0>
+__global__ void copy_pieces(const copy_piece* __restrict__ table, std::size_t n) {
+  for (std::size_t k = blockIdx.x; k < n; k += gridDim.x) {
+    const copy_piece p = table[k];
+    const auto* s = static_cast<const unsigned char*>(p.src);
+    auto* d = static_cast<unsigned char*>(p.dst);
+    if (((reinterpret_cast<std::uintptr_t>(s) | reinterpret_cast<std::uintptr_t>(d) | p.bytes) & 7u) == 0) {
+      const auto* s8 = reinterpret_cast<const std::uint64_t*>(s);
+      auto* d8 = reinterpret_cast<std::uint64_t*>(d);
+      for (std::size_t i = threadIdx.x; i < p.bytes / 8; i += blockDim.x) d8[i] = s8[i];
+    } else {
+      for (std::size_t i = threadIdx.x; i < p.bytes; i += blockDim.x) d[i] = s[i];
+    }
+  }
+}
+
 // Slots of `words` 32-bit words: dst[dst_slot[k]] = src[src_slot[k]] (null list = identity),
 // block k for slot k (k, k + gridDim.x, ... when n exceeds the grid).
 template <int = 0>
@@ -290,6 +309,14 @@ class cuda_space {
   // bytes from src to dst, both device memory, in stream order.
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes) ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  // table[0..n) of pieces (see copy_piece; the table in device memory too), in one launch. The
+  // pieces must not overlap one another's destinations or sources being written.
+  void copy_pieces(const copy_piece* table, std::size_t n) {
+    if (n == 0) return;
+    const unsigned blocks = n < cuda_kernels::max_grid_x ? unsigned(n) : cuda_kernels::max_grid_x;
+    cuda_kernels::copy_pieces<<<blocks, cuda_kernels::threads, 0, stream_>>>(table, n);
+    ZF_CUDA_CHECK_LAUNCH("copy_pieces");
   }
   void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
                   std::size_t n, std::size_t width) {

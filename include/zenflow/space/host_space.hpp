@@ -71,6 +71,11 @@ class host_space {
                               std::size_t cols, const std::uint32_t* list, std::size_t n) noexcept {
     move_columns<true>(block, dst, size_of(t), layout, rows, cols, list, n);
   }
+  // table[0..n) of pieces (see copy_piece), the table in host memory too.
+  static void copy_pieces(const copy_piece* table, std::size_t n) noexcept {
+    for (std::size_t k = 0; k < n; ++k)
+      if (table[k].bytes) std::memcpy(table[k].dst, table[k].src, table[k].bytes);
+  }
   // Fixed-width slots (a selected column's state): dst[dst_slot[k]] = src[src_slot[k]] for k < n,
   // a null slot list meaning the identity (slot k).
   static void move_slots(void* dst, const std::uint32_t* dst_slot, const void* src, const std::uint32_t* src_slot,
