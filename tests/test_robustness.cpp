@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include <cmath>
 #include <cstdio>
@@ -289,6 +290,88 @@ TEST_CASE("a background job that failed makes the optimizer refuse further work 
   opt.load(good);
   gradients(dw, 1);
   CHECK_NOTHROW(opt.step());
+  std::remove(good.c_str());
+}
+
+namespace {
+// A Scheduler whose next gradient offload, once armed, fails after a pause: long enough for the
+// window's host update, launched behind it at a boundary, to be waiting for it.
+struct failing_offload : bounded_async {
+  static inline bool armed = false, fired = false;
+  template <class Job>
+  void launch_offload(Job&& job) {
+    if (armed) {
+      armed = false;
+      fired = true;
+      bounded_async::launch_offload([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        throw std::runtime_error("gradient offload failed");
+      });
+    } else {
+      bounded_async::launch_offload(std::forward<Job>(job));
+    }
+  }
+};
+using failing_offload_optimizer =
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, failing_offload>;
+}  // namespace
+
+TEST_CASE("a failed offload fails the very next step, even with the host update waiting on it") {
+  // The boundary at t = 2 launches the step's offload (which fails) and the window's host update,
+  // whose first act is to wait for that offload. The update must leave the error to the training
+  // thread (before, it took it and threw it on its own lane, so that the next step succeeded
+  // and the failure surfaced only a window later) and must not update on a window short of its
+  // last step. Then the optimizer refuses work until a load; destroying one right after such a
+  // failure waits for both lanes (before, a failed offload wait skipped the update lane's).
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  const std::string good = std::string(ZF_TEST_TMP_DIR) + "/offload-good.zfck";
+  {
+    failing_offload_optimizer opt(small_config(true));
+    opt.add_matrix({w.data(), dw.data(), R, C});
+    opt.initialize();
+    gradients(dw, 0);
+    opt.step();  // t = 1: selection
+    opt.save(good);
+    gradients(dw, 1);
+    failing_offload::armed = true;
+    failing_offload::fired = false;
+    CHECK_NOTHROW(opt.step());  // t = 2: boundary; the offload runs (and fails) in the background
+    CHECK(failing_offload::fired);
+    gradients(dw, 2);
+    // (the offload has failed by now and the update, waiting for it, has seen that first)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_THROWS_WITH_AS(opt.step(), "gradient offload failed", std::runtime_error);  // t = 3
+    CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("failed midway (gradient offload failed)"), std::logic_error);
+    CHECK_THROWS_AS(opt.synchronize(), std::logic_error);
+    // a load makes it usable again; the run goes on as one that never failed
+    opt.load(good);
+    for (int s = 1; s < 4; ++s) {
+      gradients(dw, s);
+      CHECK_FALSE(opt.step().skipped);
+    }
+    opt.synchronize();
+    std::vector<float> w_ref(R * C, 0.25f), dw_ref(R * C);
+    optimizer<> ref(small_config(true));
+    ref.add_matrix({w_ref.data(), dw_ref.data(), R, C});
+    ref.initialize();
+    for (int s = 0; s < 4; ++s) {
+      gradients(dw_ref, s);
+      ref.step();
+    }
+    ref.synchronize();
+    CHECK(w == w_ref);
+  }
+  {  // destroyed while the failing offload is still running and the host update waits for it
+    failing_offload_optimizer opt(small_config(true));
+    opt.add_matrix({w.data(), dw.data(), R, C});
+    opt.initialize();
+    gradients(dw, 0);
+    opt.step();
+    gradients(dw, 1);
+    failing_offload::armed = true;
+    opt.step();
+    CHECK(opt.initialized());
+  }  // (the destructor swallows the error; ASan and TSan see no job outliving the optimizer)
   std::remove(good.c_str());
 }
 

@@ -1093,6 +1093,12 @@ class optimizer {
     ahead_ = {};
     ahead_at_.clear();
     ahead_on_ = false;
+    if constexpr (requires { transport_.release(); }) {  // (reserved again by the next initialize())
+      try {
+        transport_.release();
+      } catch (...) {  // (the error that failed initialize() is the one to report)
+      }
+    }
     async_offload_ = false;
     any_selected_ = false;
     unselected_.clear();
@@ -1536,10 +1542,22 @@ class optimizer {
   }
 
   // Every background job finished (nothing applied).
+  // Both lanes idle on return, even when one of them failed (the first error is rethrown once
+  // both have been waited for): the destructor and load() rely on no job still running.
   void quiesce() {
     guarded([&] {
-      scheduler_.wait_offload();
-      scheduler_.wait();
+      std::exception_ptr first;
+      try {
+        scheduler_.wait_offload();
+      } catch (...) {
+        first = std::current_exception();
+      }
+      try {
+        scheduler_.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      if (first) std::rethrow_exception(first);
     });
   }
 
@@ -1596,7 +1614,9 @@ class optimizer {
     const int which = active_acc_;
     const bool ahead = ahead_fits();
     auto job = [this, which, div, hyper, ahead] {
-      if (async_offload_) scheduler_.wait_offload_quiet();  // this window's last accumulation
+      // this window's last accumulation; if that offload failed, its error fails the training
+      // thread's next step, and this update is not applied to a window short of it
+      if (async_offload_ && !scheduler_.wait_offload_quiet()) return;
       const auto t0 = std::chrono::steady_clock::now();
       if constexpr (ahead_transport<Transport>)
         if (ahead) transport_.ahead_begin();

@@ -33,7 +33,7 @@ concept scheduler_policy = requires(T& s) {
   s.wait();
   s.launch_offload(detail::noop_job{});
   s.wait_offload();
-  s.wait_offload_quiet();
+  { s.wait_offload_quiet() } -> std::convertible_to<bool>;
   { T::concurrent } -> std::convertible_to<bool>;
   { s.busy() } -> std::convertible_to<bool>;
   { s.stall_seconds() } -> std::convertible_to<double>;

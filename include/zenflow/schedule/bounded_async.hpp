@@ -4,7 +4,8 @@
 //    wait_offload), so that it overlaps the next forward/backward the way a copy stream does.
 // A wait by the training thread that actually blocks is the stall; wait_offload_quiet() is the
 // same wait made by a host job (the update waiting for its window's last accumulation), which
-// the device does not see, so it is not counted.
+// the device does not see, so it is not counted, and which never takes the offload's error from
+// the training thread.
 #pragma once
 
 #include <chrono>
@@ -54,6 +55,13 @@ class worker_lane {
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     return blocked;
+  }
+
+  // Blocks until no job is in flight; false when a job's error is held for wait() (left there).
+  bool wait_quiet() {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return !job_ && !running_; });
+    return !error_;
   }
 
   bool busy() const {
@@ -117,8 +125,11 @@ class bounded_async {
   }
   // Blocks until no offload is in flight (stall); rethrows what it threw.
   void wait_offload() { add_stall(offload_.wait()); }
-  // The same wait from a host job: not device idle time, not counted.
-  void wait_offload_quiet() { offload_.wait(); }
+  // The same wait from a host job: not device idle time, not counted; and it leaves an error
+  // the offload threw for the training thread's next wait_offload (which then fails the step and
+  // marks the optimizer unusable), returning false: the job must not go on with what the failed
+  // offload left (a window's accumulation short of its last step).
+  bool wait_offload_quiet() { return offload_.wait_quiet(); }
   // Whether an offload is in flight (a job that has finished, even with an error, is not).
   bool offload_busy() const { return offload_.busy(); }
 

@@ -23,7 +23,7 @@ class synchronous {
     launch(std::forward<Job>(job));
   }
   void wait_offload() noexcept {}
-  void wait_offload_quiet() noexcept {}
+  bool wait_offload_quiet() noexcept { return true; }
   bool busy() const noexcept { return false; }
   double stall_seconds() const noexcept { return stall_; }
 

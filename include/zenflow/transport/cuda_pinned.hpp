@@ -87,6 +87,22 @@ class cuda_pinned {
     }
   }
 
+  // What reserve() took, given back (the optimizer's initialize() failed): the pinned buffers
+  // freed once no copy of this transport is in flight; upload_ahead may be set again. The
+  // streams and events stay for the next reserve().
+  void release() {
+    for (cudaStream_t st : {copy_stream_, up_stream_})
+      if (st) ZF_CUDA_TRY(cudaStreamSynchronize(st));
+    for (auto& b : train_) b = {};
+    for (auto& b : lane_) b = {};
+    for (auto& b : up_) b = {};
+    train_used_[0] = train_used_[1] = up_used_[0] = up_used_[1] = false;
+    done_recorded_ = consumed_recorded_ = false;
+    next_ = up_next_ = 0;
+    chunk_ = lane_chunk_ = 0;
+    space_ = nullptr;
+  }
+
   // ---- uploads ahead (the optimizer's update lane; see upload_ahead) ----------------------
   // The largest piece fill_ahead takes.
   std::size_t ahead_piece() const noexcept { return lane_chunk_; }
