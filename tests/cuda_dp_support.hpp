@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,9 +25,10 @@ namespace zf_cuda_dp {
 using namespace zenflow;
 
 // f(r) on a thread per rank, GPU r current (GPU 0 for every rank with one_gpu); the first
-// exception is rethrown here.
+// exception is rethrown here. on_error runs on a rank's thread when its f threw (so that the
+// others, waiting in a collective for it, can be released instead of hanging the test).
 template <class F>
-inline void on_ranks(int R, F f, bool one_gpu = false) {
+inline void on_ranks(int R, F f, bool one_gpu = false, const std::function<void()>& on_error = {}) {
   std::vector<std::exception_ptr> err(static_cast<std::size_t>(R));
   std::vector<std::thread> t;
   for (int r = 0; r < R; ++r)
@@ -36,6 +38,7 @@ inline void on_ranks(int R, F f, bool one_gpu = false) {
         f(r);
       } catch (...) {
         err[std::size_t(r)] = std::current_exception();
+        if (on_error) on_error();
       }
     });
   for (auto& x : t) x.join();
@@ -74,9 +77,12 @@ struct model {
     up(dw1, w1);
     up(db2, b2);
   }
+  // Complete on return: a cudaMemcpy from pageable memory may return before the data has
+  // landed, and the optimizer reads it on another (non-blocking) stream.
   template <class D, class H>
   static void up(D& d, const H& h) {
-    ZF_CUDA_TRY(cudaMemcpy(d.data(), h.data(), sizeof(h[0]) * h.size(), cudaMemcpyHostToDevice));
+    ZF_CUDA_TRY(cudaMemcpyAsync(d.data(), h.data(), sizeof(h[0]) * h.size(), cudaMemcpyHostToDevice, cudaStreamLegacy));
+    ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
   }
   template <class H, class D>
   static void down(H& h, const D& d) {
@@ -183,7 +189,7 @@ inline run_out reference_run(const gradient_source& src, reduce_op op, bool over
 template <class Comm, class MakeComm>
 std::vector<run_out> ranks_run(const gradient_source& src, reduce_op op, bool overlap, int R, int steps,
                                bool one_gpu, MakeComm make_comm, int save_at = -1, const std::string& path = {},
-                               bool ahead = false) {
+                               bool ahead = false, const std::function<void()>& on_error = {}) {
   std::vector<run_out> out(static_cast<std::size_t>(R));
   on_ranks(R, [&](int r) {
     cudaStream_t stream = nullptr;
@@ -204,7 +210,7 @@ std::vector<run_out> ranks_run(const gradient_source& src, reduce_op op, bool ov
       out[std::size_t(r)].stats = opt.stats();
     }
     cudaStreamDestroy(stream);
-  }, one_gpu);
+  }, one_gpu, on_error);
   return out;
 }
 // The data-parallel runs against one host-space process fed the reduced gradient: every rank's

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -41,14 +42,24 @@ struct hub {
   std::vector<std::vector<unsigned char>> slots;  // each rank's contribution, in host memory
   void barrier() {
     std::unique_lock lock(mu);
+    if (aborted) throw std::runtime_error("hub: another rank failed");
     const std::uint64_t g = gen;
     if (++arrived == R) {
       arrived = 0;
       ++gen;
       cv.notify_all();
     } else {
-      cv.wait(lock, [&] { return gen != g; });
+      cv.wait(lock, [&] { return gen != g || aborted; });
+      if (gen == g) throw std::runtime_error("hub: another rank failed");
     }
+  }
+  // A rank failed: the others, waiting in a collective or reaching one later, throw instead of
+  // waiting forever. (on_ranks rethrows the lowest failing rank's error, which may be a
+  // released rank's "another rank failed"; the failed rank's own checks are reported anyway.)
+  void abort() {
+    std::lock_guard lock(mu);
+    aborted = true;
+    cv.notify_all();
   }
 
  private:
@@ -56,6 +67,7 @@ struct hub {
   std::condition_variable cv;
   int arrived = 0;
   std::uint64_t gen = 0;
+  bool aborted = false;
 };
 class hub_communicator {
  public:
@@ -150,7 +162,8 @@ static_assert(dp_optimizer<hub_communicator>::reduce_scatters && !dp_optimizer<h
 template <class Comm = hub_communicator>
 std::vector<run_out> hub_run(const gradient_source& src, reduce_op op, bool overlap, int R, int steps, bool ahead = false) {
   hub h(R);
-  return ranks_run<Comm>(src, op, overlap, R, steps, true, [&](int r) { return Comm(h, r); }, -1, {}, ahead);
+  return ranks_run<Comm>(src, op, overlap, R, steps, true, [&](int r) { return Comm(h, r); }, -1, {}, ahead,
+                         [&] { h.abort(); });
 }
 }  // namespace
 
