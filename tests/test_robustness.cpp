@@ -369,8 +369,9 @@ TEST_CASE("a failed offload fails the very next step, even with the host update 
     opt.step();
     gradients(dw, 1);
     failing_offload::armed = true;
+    failing_offload::fired = false;
     opt.step();
-    CHECK(opt.initialized());
+    CHECK(failing_offload::fired);  // (the failing offload is in flight as the optimizer goes)
   }  // (the destructor swallows the error; ASan and TSan see no job outliving the optimizer)
   std::remove(good.c_str());
 }

@@ -113,7 +113,7 @@ class optimizer {
   // of its own block of every matrix's columns only (see reduce_gradients). Needs a
   // communicator with reduce_scatter, an updater whose gradient pass runs in parts, and a space
   // that packs the blocks: the host space (on host threads) or one with strided conversions and
-  // device copies (cuda_space); otherwise the gradients are all-reduced.
+  // batched device copies (cuda_space); otherwise the gradients are all-reduced.
   static constexpr bool sharded_reduction = [] {
     if constexpr (data_parallel)
       return requires(Communicator& c, GpuUpdater& u, Space& sp, float* d, const std::size_t* n) {
@@ -124,9 +124,9 @@ class optimizer {
         { u.column_l1(std::size_t{}) } -> std::same_as<double*>;
         { u.column_sumsq(std::size_t{}) } -> std::same_as<double*>;
         { u.column_bad(std::size_t{}) } -> std::same_as<unsigned char*>;
-      } && (std::is_base_of_v<host_space, Space> || requires(Space& sp, const void* src, void* dst) {
+      } && (std::is_base_of_v<host_space, Space> || requires(Space& sp, const void* src, void* dst, const copy_piece* t) {
         sp.convert_lines(src, dtype::f32, std::size_t{}, dst, dtype::f32, std::size_t{}, std::size_t{}, std::size_t{});
-        sp.copy(dst, src, std::size_t{});
+        sp.copy_pieces(t, std::size_t{});
       });
     else return false;
   }();
@@ -1324,7 +1324,7 @@ class optimizer {
       all_gather_host(regs.data(), counts_.data());
       const unsigned char* a = regs.data();
       const unsigned char* b = regs.data() + tsize * odd;
-      const std::size_t per_matrix = 27, per_vector = 18;  // (as written above)
+      const std::size_t per_matrix = registration_bytes(true), per_vector = registration_bytes(false);
       std::string which = "a tensor";
       for (std::size_t i = 0; i < matrices_.size(); ++i)
         if (std::memcmp(a + per_matrix * i, b + per_matrix * i, per_matrix) != 0) {
@@ -1342,29 +1342,31 @@ class optimizer {
     }
     setup_sent_ += comm_.bytes_sent() - sent_before;
   }
-  // One registration as check_ranks_match gathers it, in words.
+  // One registration as check_ranks_match gathers it (read back in the order written), in words.
   static std::string describe_matrix(const unsigned char* p) {
-    std::uint64_t rc[2];
-    float sc[2];
-    std::memcpy(rc, p, 16);
-    std::memcpy(sc, p + 19, 8);
-    return std::to_string(rc[0]) + " x " + std::to_string(rc[1]) + ", " + describe_types(p + 16) +
-           (p[18] == std::uint8_t(matrix_layout::row_major) ? ", row-major" : ", column-contiguous") +
-           describe_scales(sc);
+    ckpt::reader r(p, registration_bytes(true), "registration");
+    const auto rows = r.get<std::uint64_t>(), cols = r.get<std::uint64_t>();
+    std::string s = std::to_string(rows) + " x " + std::to_string(cols) + ", " + describe_types(r);
+    s += r.get<std::uint8_t>() == std::uint8_t(matrix_layout::row_major) ? ", row-major" : ", column-contiguous";
+    return s + describe_scales(r);
   }
   static std::string describe_vector(const unsigned char* p) {
-    std::uint64_t n;
-    float sc[2];
-    std::memcpy(&n, p, 8);
-    std::memcpy(sc, p + 10, 8);
-    return std::to_string(n) + " elements, " + describe_types(p + 8) + describe_scales(sc);
+    ckpt::reader r(p, registration_bytes(false), "registration");
+    const std::string n = std::to_string(r.get<std::uint64_t>());
+    const std::string types = describe_types(r);
+    return n + " elements, " + types + describe_scales(r);
   }
-  static std::string describe_types(const unsigned char* t) {
-    return std::string(name_of(dtype(t[0]))) + " params, " + std::string(name_of(dtype(t[1]))) + " grads";
+  static std::string describe_types(ckpt::reader& r) {
+    const dtype param = dtype(r.get<std::uint8_t>()), grad = dtype(r.get<std::uint8_t>());
+    return std::string(name_of(param)) + " params, " + std::string(name_of(grad)) + " grads";
   }
-  static std::string describe_scales(const float* sc) {
-    return ", lr_scale " + detail::exact(sc[0]) + ", weight_decay_scale " + detail::exact(sc[1]);
+  static std::string describe_scales(ckpt::reader& r) {
+    const float lr = r.get<float>(), wd = r.get<float>();
+    return ", lr_scale " + detail::exact(lr) + ", weight_decay_scale " + detail::exact(wd);
   }
+  // A matrix's registration: rows, cols (8 bytes each), two dtypes and a layout (1 each), two
+  // scales (4 each); a vector's: n, two dtypes, two scales.
+  static constexpr std::size_t registration_bytes(bool matrix) noexcept { return matrix ? 8 + 8 + 3 + 8 : 8 + 2 + 8; }
 
   // At least `bytes` of the space's device memory for a collective (contents not kept).
   unsigned char* gather_space(std::size_t bytes) {

@@ -306,10 +306,6 @@ class cuda_space {
     });
     ZF_CUDA_CHECK_LAUNCH("convert_lines");
   }
-  // bytes from src to dst, both device memory, in stream order.
-  void copy(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
-  }
   // table[0..n) of pieces (see copy_piece; the table in device memory too), in one launch. The
   // pieces must not overlap one another's destinations or sources being written.
   void copy_pieces(const copy_piece* table, std::size_t n) {
