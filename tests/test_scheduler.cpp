@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -199,6 +200,30 @@ TEST_CASE("bounded_async: the gradient offload runs behind step(); the grad buff
   }
   opt.synchronize();
   CHECK(w == w_ref);  // bit for bit what the inline run computed from the same gradients
+}
+
+TEST_CASE("bounded_async: a wait that rethrows a job's error still counts the time it blocked as stall") {
+  // The device idles while the training thread waits, whether the job then succeeds or fails.
+  // Each job sleeps 200 ms before throwing and the wait starts right after the launch, so the
+  // wait blocks for most of that: more than 100 ms unless the test thread is descheduled for
+  // longer than 100 ms between the two calls. A wait that dropped its time on the throw counts 0.
+  bounded_async s;
+  s.launch_offload([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    throw std::runtime_error("offload failed");
+  });
+  CHECK_THROWS_WITH(s.wait_offload(), "offload failed");
+  const double after_offload = s.stall_seconds();
+  CHECK(after_offload > 0.1);
+  s.launch([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    throw std::runtime_error("update failed");
+  });
+  CHECK_THROWS_WITH(s.wait(), "update failed");
+  CHECK(s.stall_seconds() - after_offload > 0.1);
+  s.wait();  // the error was taken by the first wait: nothing in flight, nothing held
+  s.wait_offload();
+  CHECK(!s.busy());
 }
 
 TEST_CASE("copy_params_synchronized: what synchronize() would show, without changing the run") {

@@ -44,17 +44,17 @@ class worker_lane {
     cv_.notify_all();
   }
 
-  // Blocks until no job is in flight and returns the seconds blocked; rethrows what the job threw.
-  double wait() {
+  // Blocks until no job is in flight, the seconds blocked in `blocked` (set before anything is
+  // thrown: the device idled all the same); then rethrows what the job threw.
+  void wait(double& blocked) {
     std::unique_lock lock(mu_);
-    double blocked = 0;
+    blocked = 0;
     if (job_ || running_) {
       const auto t0 = std::chrono::steady_clock::now();
       done_cv_.wait(lock, [&] { return !job_ && !running_; });
       blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    return blocked;
   }
 
   // Blocks until no job is in flight; false when a job's error is held for wait() (left there).
@@ -116,7 +116,7 @@ class bounded_async {
     update_.launch(std::function<void()>(std::forward<Job>(job)), "host update");
   }
   // Blocks until no host update is in flight (stall); rethrows what it threw.
-  void wait() { add_stall(update_.wait()); }
+  void wait() { timed_wait(update_); }
 
   // Starts a step's offload (transfer + accumulation) in the background; one at a time.
   template <class Job>
@@ -124,7 +124,7 @@ class bounded_async {
     offload_.launch(std::function<void()>(std::forward<Job>(job)), "gradient offload");
   }
   // Blocks until no offload is in flight (stall); rethrows what it threw.
-  void wait_offload() { add_stall(offload_.wait()); }
+  void wait_offload() { timed_wait(offload_); }
   // The same wait from a host job: not device idle time, not counted; and it leaves an error
   // the offload threw for the training thread's next wait_offload (which then fails the step and
   // marks the optimizer unusable), returning false: the job must not go on with what the failed
@@ -140,6 +140,17 @@ class bounded_async {
   }
 
  private:
+  // The blocked time counts as stall whether the wait returns or rethrows the job's error.
+  void timed_wait(detail::worker_lane& lane) {
+    double s = 0;
+    try {
+      lane.wait(s);
+    } catch (...) {
+      add_stall(s);
+      throw;
+    }
+    add_stall(s);
+  }
   void add_stall(double s) {
     std::lock_guard lock(mu_);
     stall_ += s;

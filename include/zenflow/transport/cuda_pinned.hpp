@@ -126,8 +126,7 @@ class cuda_pinned {
     if (up_used_[b]) up_ev_[b].wait();
     up_used_[b] = false;
     fill(static_cast<void*>(up_[b].data()));
-    ZF_CUDA_TRY(cudaMemcpyAsync(dst, up_[b].data(), bytes, cudaMemcpyHostToDevice, up_stream_));
-    ZF_CUDA_TRY(cudaEventRecord(up_ev_[b].get(), up_stream_));
+    copy_marked(dst, up_[b].data(), bytes, cudaMemcpyHostToDevice, up_stream_, up_ev_[b]);
     up_used_[b] = true;
   }
   // The job's last call: marks the end of its copies.
@@ -161,8 +160,7 @@ class cuda_pinned {
     for (std::size_t off = 0; off < bytes; off += chunk_) {
       const std::size_t len = bytes - off < chunk_ ? bytes - off : chunk_;
       wait_train(b);  // an earlier to_device may still read this buffer
-      ZF_CUDA_TRY(cudaMemcpyAsync(train_[b].data(), in + off, len, cudaMemcpyDeviceToHost, space_->stream()));
-      ZF_CUDA_TRY(cudaEventRecord(train_ev_[b].get(), space_->stream()));
+      copy_marked(train_[b].data(), in + off, len, cudaMemcpyDeviceToHost, space_->stream(), train_ev_[b]);
       train_used_[b] = true;
       if (prev_len) {  // the previous piece, copied out while this one is in flight
         wait_train(b ^ 1);
@@ -190,8 +188,7 @@ class cuda_pinned {
       next_ ^= 1;
       wait_train(b);
       std::memcpy(train_[b].data(), in + off, len);
-      ZF_CUDA_TRY(cudaMemcpyAsync(out + off, train_[b].data(), len, cudaMemcpyHostToDevice, space_->stream()));
-      ZF_CUDA_TRY(cudaEventRecord(train_ev_[b].get(), space_->stream()));
+      copy_marked(out + off, train_[b].data(), len, cudaMemcpyHostToDevice, space_->stream(), train_ev_[b]);
       train_used_[b] = true;
     }
     to_device_.fetch_add(bytes, std::memory_order_relaxed);
@@ -210,8 +207,7 @@ class cuda_pinned {
     next_ ^= 1;
     wait_train(b);
     fill(static_cast<void*>(train_[b].data()));
-    ZF_CUDA_TRY(cudaMemcpyAsync(dst, train_[b].data(), bytes, cudaMemcpyHostToDevice, space_->stream()));
-    ZF_CUDA_TRY(cudaEventRecord(train_ev_[b].get(), space_->stream()));
+    copy_marked(dst, train_[b].data(), bytes, cudaMemcpyHostToDevice, space_->stream(), train_ev_[b]);
     train_used_[b] = true;
     to_device_.fetch_add(bytes, std::memory_order_relaxed);
   }
@@ -260,8 +256,7 @@ class cuda_pinned {
     auto enqueue = [&](int slot) {
       const at p = cursor;
       const auto* in = static_cast<const unsigned char*>(blocks[p.block].src) + p.off;
-      ZF_CUDA_TRY(cudaMemcpyAsync(lane_[slot].data(), in, p.len, cudaMemcpyDeviceToHost, copy_stream_));
-      ZF_CUDA_TRY(cudaEventRecord(lane_ev_[slot].get(), copy_stream_));
+      copy_marked(lane_[slot].data(), in, p.len, cudaMemcpyDeviceToHost, copy_stream_, lane_ev_[slot]);
       inflight[slot] = p;
       ++queued;
       cursor = first_from(p.block, p.off + p.len);
@@ -302,6 +297,18 @@ class cuda_pinned {
   void ready_ahead() const {
     ready();
     if (!ahead_) throw std::logic_error("zenflow: cuda_pinned: an upload ahead without upload_ahead(true)");
+  }
+  // An asynchronous copy on `st`, then `done` recorded after it: the buffer's mark that the copy
+  // has landed. Should the record fail with the copy queued, nothing would mark it and the
+  // pinned buffer would be refilled (or read) under the DMA: the stream is drained first, then
+  // the error thrown, so a failed call leaves no copy in flight.
+  static void copy_marked(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t st,
+                          const cuda_space::event& done) {
+    ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, st));
+    if (const cudaError_t e = cudaEventRecord(done.get(), st); e != cudaSuccess) {
+      cudaStreamSynchronize(st);
+      cuda_detail::check(e, "cudaEventRecord", __FILE__, __LINE__);
+    }
   }
   void wait_train(int b) {
     if (train_used_[b]) train_ev_[b].wait();
