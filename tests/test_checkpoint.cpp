@@ -165,6 +165,47 @@ TEST_CASE("checkpoint: resume is bit-exact, wherever the run is saved") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("checkpoint: every counter of stats() continues from the saved run's") {
+  // A load restores the counters as well as the state: right after it, a fresh optimizer
+  // reports what the saved one did at the save, field by field — the time counters too (kept
+  // exactly: nanoseconds, and the stall as a double) and the bytes uploaded ahead, which a
+  // trainer's per-step ratios divide by the steps.
+  const std::string path = temp_path("counters.zfckpt");
+  scenario sc = random_scenario(5);
+  sc.cfg.overlap_step = true;
+  trainer tr(sc);
+  optimizer<> a(sc.cfg);
+  a.transport().upload_ahead(true);
+  register_all(a, tr, sc);
+  a.initialize();
+  steps(a, tr, 11);
+  a.save(path);
+  const optimizer_stats want = a.stats();
+  REQUIRE(want.bytes_uploaded_ahead > 0);  // (the run did upload ahead: the check below can fail)
+  REQUIRE(want.host_update_seconds > 0);
+  trainer t2(sc);
+  optimizer<> b(sc.cfg);
+  b.transport().upload_ahead(true);
+  register_all(b, t2, sc);
+  b.initialize();
+  steps(b, t2, 2);  // counters of its own, which the load replaces
+  b.load(path);
+  const optimizer_stats got = b.stats();
+  CHECK(got.steps == want.steps);
+  CHECK(got.skipped_steps == want.skipped_steps);
+  CHECK(got.selections == want.selections);
+  CHECK(got.host_updates == want.host_updates);
+  CHECK(got.bytes_to_host == want.bytes_to_host);
+  CHECK(got.bytes_to_device == want.bytes_to_device);
+  CHECK(got.bytes_uploaded_ahead == want.bytes_uploaded_ahead);
+  CHECK(got.stall_seconds == want.stall_seconds);
+  CHECK(got.host_update_seconds == want.host_update_seconds);
+  CHECK(got.bytes_reduced == want.bytes_reduced);
+  CHECK(got.bytes_gathered == want.bytes_gathered);
+  CHECK(got.reduce_seconds == want.reduce_seconds);
+  std::remove(path.c_str());
+}
+
 TEST_CASE("checkpoint: corrupt, truncated or foreign files are refused and change nothing") {
   const std::string path = temp_path("corrupt.zfckpt"), bad = temp_path("corrupt-bad.zfckpt");
   scenario sc = random_scenario(3);

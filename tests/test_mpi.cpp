@@ -303,7 +303,8 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       // What this rank sent to agree on the gradient. Every step: the matrices' gradients
       // reduce-scattered by column blocks (the others' blocks, 4 bytes an element), the vector
       // all-reduced (the others' pieces of it, then its own shard to each of the others) and its
-      // blocks' column statistics to each of the others (17 bytes a column). Every applied step:
+      // blocks' column statistics to each of the others (17 bytes a column), and before all that
+      // its grad_scale and whether it can step (8 bytes to each of the others). Every applied step:
       // its blocks' selected columns' reduced gradients to each of the others (grad dtype, each
       // matrix's piece padded to 16 bytes).
       const std::uint64_t R = std::uint64_t(ranks());
@@ -313,7 +314,7 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
         per_step += 4 * rows_ * (cols_ - (c1 - c0)) + 17 * (R - 1) * (c1 - c0);
       }
       const std::size_t mine = detail::shard_begin(N2, ranks(), my_rank() + 1) - detail::shard_begin(N2, ranks(), my_rank());
-      per_step += 4 * ((N2 - mine) + mine * (R - 1));
+      per_step += 4 * ((N2 - mine) + mine * (R - 1)) + 8 * (R - 1);
       CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * per_step + (R - 1) * dp.own_selected_bytes);
       // and less than the all-reduce of every gradient would send (2 (R - 1) / R of it)
       if (R > 1) CHECK(dp.stats.bytes_reduced < std::uint64_t(steps) * 4 * 2 * (R - 1) * n_all / R);
@@ -525,7 +526,8 @@ TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient,
   CHECK(state_of(opt, m) == reference_run(src, reduce_op::mean, true, n).state);
   const std::size_t R = std::size_t(ranks());
   const std::size_t mine = detail::shard_begin(n_all, ranks(), my_rank() + 1) - detail::shard_begin(n_all, ranks(), my_rank());
-  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * 4 * ((n_all - mine) + mine * (R - 1)));
+  // (the all-reduce's bytes, and each step's 8-byte vote to each of the others)
+  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * (4 * ((n_all - mine) + mine * (R - 1)) + 8 * (R - 1)));
   // With the whole gradient on every rank the offload's compaction can run in the gradient pass
   // (each rank places only its own block's unselected columns): forced on every step that can
   // (compaction_support.hpp), the same state.
@@ -655,7 +657,8 @@ TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
 
 // A fresh set at `path`: the previous manifest is removed first, so the generation is 1.
 // Saves a set at path with no earlier set or shard of its name around (generation 1).
-void save_fresh(dp_optimizer& opt, const std::string& path) {
+template <class Opt>
+void save_fresh(Opt& opt, const std::string& path) {
   if (my_rank() == 0) {
     std::remove(path.c_str());
     const std::filesystem::path p(path);
@@ -786,16 +789,232 @@ TEST_CASE("data parallel: a save that fails on any rank leaves the previous set 
     CHECK(resume(o, m, path, src, 5, 5) == reference_state(src, cfg, 5, 5, false));
   }
   if (last) std::filesystem::remove(blocker);
+  // what a rank killed while writing its generation-1 shard leaves (its temporary file), and a
+  // file of another name
+  const std::string leftover = shard_name(path, 1, my_rank()) + ".tmp.12345.0", other = leftover + "x";
+  std::ofstream(leftover) << "partial";
+  std::ofstream(other) << "not a shard";
   MPI_Barrier(MPI_COMM_WORLD);
   t.opt.save(path);  // generation 2
   MPI_Barrier(MPI_COMM_WORLD);
   CHECK(exists(shard_name(path, 2, my_rank())));
   CHECK(!exists(shard_name(path, 1, my_rank())));
+  CHECK(!exists(leftover));  // an older set's leftovers go with it
+  CHECK(exists(other));
+  std::remove(other.c_str());
   const auto st = state_of(t.opt, t.m);
   model m;
   dp_optimizer o(cfg, mpi_communicator(MPI_COMM_WORLD));
   CHECK(resume(o, m, path, src, 8, 8) == st);
   CHECK_THROWS_AS(t.opt.save(tmp_path("no-such-directory/x.zfc")), std::runtime_error);
+}
+
+TEST_CASE("data parallel: a set saved by R ranks resumes on R' ranks, 1 < R' < R, counters included") {
+  // The other resumes cut the blocks anew for one rank (every shard read) or keep them; here a
+  // rank's block starts inside one shard and ends inside another (R = 4, R' = 3: columns [13, 26)
+  // of 40 from the blocks [10, 20) and [20, 30)). The first R' ranks resume the set saved by all
+  // R and train on their own gradients; one process fed the reduced gradient of all R ranks
+  // before the save and of the R' ranks after it is the reference. Right after the load every
+  // rank reports rank 0's counters at the save, the communication ones included.
+  if (ranks() < 3) {
+    MESSAGE("needs 3 ranks or more (run by mpi_ranks_3 and mpi_ranks_4)");
+    return;
+  }
+  const gradient_source src;
+  const int k = 6, n = 10;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_reshard.zfc");
+  double saved[4];  // rank 0's steps, bytes reduced, bytes gathered and reduction time at the save
+  {
+    trained t(src, cfg, k);
+    t.opt.save(path);
+    const optimizer_stats st = t.opt.stats();
+    saved[0] = double(st.steps);
+    saved[1] = double(st.bytes_reduced);
+    saved[2] = double(st.bytes_gathered);
+    saved[3] = st.reduce_seconds;
+    REQUIRE(st.bytes_reduced > 0);
+    REQUIRE(st.bytes_gathered > 0);
+  }
+  MPI_Bcast(saved, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  for (int sub = 2; sub < ranks(); ++sub) {
+    CAPTURE(sub);
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, my_rank() < sub ? 0 : MPI_UNDEFINED, my_rank(), &comm);
+    if (comm != MPI_COMM_NULL) {
+      model m;
+      dp_optimizer opt(cfg, mpi_communicator(comm));
+      MPI_Comm_free(&comm);
+      m.add_to(opt);
+      opt.initialize();
+      opt.load(path);
+      const optimizer_stats st = opt.stats();
+      CHECK(double(st.steps) == saved[0]);
+      CHECK(double(st.bytes_reduced) == saved[1]);
+      CHECK(double(st.bytes_gathered) == saved[2]);
+      CHECK(st.reduce_seconds == saved[3]);
+      for (int s = k; s < n; ++s) {
+        src.local_grads(m, s);
+        opt.step();
+      }
+      const auto got = state_of(opt, m);
+      model r;
+      optimizer<> ref(cfg);
+      r.add_to(ref);
+      ref.initialize();
+      for (int s = 0; s < n; ++s) {
+        src.fill_all(r, s, 0, s < k ? ranks() : sub, reduce_op::mean);
+        ref.step();
+      }
+      CHECK(got == state_of(ref, r));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("data parallel: ranks that read different checkpoints refuse the load, every rank unchanged") {
+  // Two complete sets pass every rank's own checks; loading one on some ranks and the other on
+  // the rest (a save over the path while the ranks opened it, or copies out of step between
+  // nodes) would leave the ranks' states apart with no error. Likewise a shard of another set
+  // that has the same generation, rank, R and size as the one the manifest names. Both are
+  // refused on every rank, nothing changed, and a good load then works.
+  if (ranks() == 1) {
+    MESSAGE("one rank: there is no other rank to disagree with");
+    return;
+  }
+  const gradient_source src;
+  const config cfg = test_config(true);
+  const std::string a = tmp_path("mpi_which_a.zfc"), b = tmp_path("mpi_which_b.zfc"), mixed = tmp_path("mpi_which_mixed.zfc");
+  {
+    trained t(src, cfg, 4);
+    save_fresh(t.opt, a);
+    save_fresh(t.opt, mixed);  // set a again, under another name (generation 1 too)
+  }
+  {
+    gradient_source other;  // another run: a NaN skips its second step (its counts pass a's checks)
+    other.nan_rank = 0;
+    other.nan_step = 1;
+    trained t(other, cfg, 4);
+    save_fresh(t.opt, b);  // generation 1 as well
+  }
+  const bool last = my_rank() == ranks() - 1;
+  if (last) std::filesystem::copy_file(shard_name(b, 1, my_rank()), shard_name(mixed, 1, my_rank()),
+                                       std::filesystem::copy_options::overwrite_existing);
+  MPI_Barrier(MPI_COMM_WORLD);
+  trained t(src, cfg, 2);
+  const auto before = state_of(t.opt, t.m);
+  CHECK_THROWS_WITH_AS(t.opt.load(last ? b : a), doctest::Contains("read another checkpoint than rank 0"),
+                       checkpoint_error);
+  CHECK(state_of(t.opt, t.m) == before);
+  if (last)
+    CHECK_THROWS_WITH_AS(t.opt.load(mixed), doctest::Contains("is not the shard this manifest was saved with"),
+                         checkpoint_error);
+  else
+    CHECK_THROWS_WITH_AS(t.opt.load(mixed), doctest::Contains("another rank could not load"), checkpoint_error);
+  CHECK(state_of(t.opt, t.m) == before);
+  t.opt.load(a);
+  for (int s = 4; s < 7; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  CHECK(state_of(t.opt, t.m) == reference_state(src, cfg, 4, 7, false));
+}
+
+// An accumulator whose accumulation fails where fail_accumulate is set (on the offload lane, in
+// the background: its error waits there for the next wait).
+bool fail_accumulate = false;
+struct flaky_accumulator : simd_accumulator {
+  using simd_accumulator::simd_accumulator;
+  void accumulate_from(const void* block, std::size_t i, int which, dtype t, const std::uint32_t* list, std::size_t n,
+                       float factor) {
+    if (fail_accumulate) throw std::runtime_error("test: the accumulation failed");
+    simd_accumulator::accumulate_from(block, i, which, t, list, n, factor);
+  }
+  void accumulate(std::size_t i, int which, dtype t, const std::uint32_t* list, std::size_t n, float factor) {
+    if (fail_accumulate) throw std::runtime_error("test: the accumulation failed");
+    simd_accumulator::accumulate(i, which, t, list, n, factor);
+  }
+};
+using flaky_optimizer =
+    optimizer<host_space, column_topk, fused_adamw<host_space>, flaky_accumulator, host_copy, bounded_async, mpi_communicator>;
+
+// What f threw ("" if nothing).
+template <class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("data parallel: a rank that cannot step, or grad_scales that differ, make every rank throw instead of hang") {
+  // Before a step's first collective the ranks compare their grad_scale and whether each can
+  // step; the collectives outside step() (save, synchronize, the copies) vote on the same before
+  // theirs. Without that, a rank that throws alone leaves the others in a collective it never
+  // joins (this job would hang until ctest's timeout), and different grad_scales would apply
+  // different updates to what must stay one state. Here: scales that differ (the same words on
+  // every rank), an invalid scale on the last rank, then a background accumulation that fails on
+  // the last rank, met by the next step, and again by a save. Every rank throws each time; after
+  // a failure every rank refuses work until a load on every rank, after which they go on in step
+  // (the reference: one process fed the reduced gradient, resumed from the same set).
+  if (ranks() == 1) {
+    MESSAGE("one rank: there is no other rank to wait for");
+    return;
+  }
+  const gradient_source src;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_refuse.zfc");
+  const bool last = my_rank() == ranks() - 1;
+  model m;
+  flaky_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  opt.initialize();
+  auto run = [&](int from, int to) {
+    for (int s = from; s < to; ++s) {
+      src.local_grads(m, s);
+      opt.step();
+    }
+  };
+  run(0, 4);
+  save_fresh(opt, path);
+  src.local_grads(m, 4);
+  const std::string differ = thrown([&] { opt.step(last ? 2.0f : 1.0f); });
+  CHECK(differ.find("every rank must pass the same") != std::string::npos);
+  CHECK(same_everywhere(fnv(std::vector<unsigned char>(differ.begin(), differ.end()))));
+  const std::string invalid = thrown([&] { opt.step(last ? 0.0f : 1.0f); });
+  CHECK(invalid.find(last ? "grad_scale must be finite and > 0" : "passed grad_scale 0") != std::string::npos);
+  run(4, 6);  // (neither changed anything, nor left the optimizer unusable)
+  // a background failure on the last rank
+  auto fail_behind = [&](int s) {
+    opt.synchronize();  // (no offload in flight: the next one is the first to fail)
+    fail_accumulate = last;
+    src.local_grads(m, s);
+    opt.step();  // the last rank's offload fails behind it
+    if (last)
+      for (int i = 0; i < 3000 && !opt.scheduler().failed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(opt.scheduler().failed() == last);
+    fail_accumulate = false;
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  fail_behind(6);
+  src.local_grads(m, 7);
+  const std::string met = thrown([&] { opt.step(); });
+  CHECK(met.find(last ? "test: the accumulation failed" : "background job failed") != std::string::npos);
+  // every rank now refuses, every call throws on every rank (none waits for another)
+  CHECK(!thrown([&] { opt.step(); }).empty());
+  CHECK(!thrown([&] { opt.synchronize(); }).empty());
+  CHECK(!thrown([&] { opt.save(path); }).empty());
+  opt.load(path);  // on every rank: in step again
+  run(4, 7);
+  fail_behind(7);
+  const std::string at_save = thrown([&] { opt.save(path); });
+  CHECK(at_save.find(last ? "test: the accumulation failed" : "save() failed on another rank") != std::string::npos);
+  CHECK(!thrown([&] { opt.step(); }).empty());
+  opt.load(path);  // the set of step 4 still stands
+  run(4, 9);
+  CHECK(state_of(opt, m) == reference_state(src, cfg, 4, 9, false));
 }
 
 // What initialize() threw on this rank: its message ("" when it succeeded) and whether it was a
@@ -1174,11 +1393,9 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     doctest::Context ctx(argc, argv);
-    std::ofstream quiet;
-    if (my_rank() != 0) {  // one report: rank 0's (a failure elsewhere still fails the run)
-      quiet.open("/dev/null");
-      ctx.setCout(&quiet);
-    }
+    // one full report, rank 0's; the other ranks print their failures only (and a failure
+    // anywhere fails the run)
+    if (my_rank() != 0) ctx.setOption("minimal", true);
     rc = ctx.run();
     int any = 0;  // a failure on any rank fails every rank's exit status
     MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

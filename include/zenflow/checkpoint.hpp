@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -39,7 +40,9 @@ struct checkpoint_error : std::invalid_argument {
 namespace ckpt {
 
 inline constexpr char magic[8] = {'Z', 'F', 'C', 'K', 'P', 'T', '\r', '\n'};
-inline constexpr std::uint32_t version = 2;  // 2: no staged params, no host arrays for k = cols
+// 2: no staged params, no host arrays for k = cols; 3: the communication counters, and a
+// sharded checkpoint's manifest holds each shard's digest
+inline constexpr std::uint32_t version = 3;
 inline constexpr std::uint32_t byte_order = 0x01020304u;
 
 // (shards_tag: a sharded checkpoint's manifest names its set; shard_tag and block_tag: a shard's
@@ -85,10 +88,18 @@ inline std::uint32_t crc32(const unsigned char* p, std::size_t n) noexcept {
 }
 
 // FNV-1a, 64 bits: a digest for comparing bytes that are not at hand (not a checksum of a file).
-inline std::uint64_t fnv1a64(const unsigned char* p, std::size_t n) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
+inline constexpr std::uint64_t fnv1a64_init = 0xcbf29ce484222325ull;
+inline std::uint64_t fnv1a64(const unsigned char* p, std::size_t n, std::uint64_t h = fnv1a64_init) noexcept {
   for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+// A file's digest: FNV-1a over its sections' CRC-32s in order (as written, and as read by a
+// pass that finished every section once). It identifies the file's contents: two files of
+// equal digest are, but for a collision, the same checkpoint.
+inline std::uint64_t digest_step(std::uint64_t h, std::uint32_t crc) noexcept {
+  unsigned char b[4];
+  std::memcpy(b, &crc, 4);
+  return fnv1a64(b, 4, h);
 }
 
 // The bounded buffer size both directions stream through.
@@ -205,7 +216,10 @@ class file_writer : public typed_writes<file_writer> {
     if (left_ != 0) throw std::logic_error("zenflow: checkpoint section shorter than announced");
     const std::uint32_t crc = crc32_final(crc_);
     raw(&crc, 4);
+    digest_ = digest_step(digest_, crc);
   }
+  // The digest of the sections ended so far (digest_step).
+  std::uint64_t digest() const noexcept { return digest_; }
   // A section built in memory (the small ones).
   void section(std::uint32_t t, const writer& w) {
     begin(t, w.data().size());
@@ -247,6 +261,7 @@ class file_writer : public typed_writes<file_writer> {
   std::FILE* f_ = nullptr;
   std::uint64_t left_ = 0;
   std::uint32_t crc_ = crc32_init;
+  std::uint64_t digest_ = fnv1a64_init;
 };
 
 // Where a checkpoint is read from: a file (opened once; read twice by load, a check pass and a
@@ -257,7 +272,10 @@ class input {
   // A regular file; its size is known before anything is read.
   explicit input(const std::string& path) : name_(path) {
     f_ = std::fopen(path.c_str(), "rb");
-    if (!f_) throw checkpoint_error("zenflow checkpoint " + path + ": cannot open the file");
+    if (!f_) {
+      const int e = errno;  // (why: a missing file, permissions, too many open files)
+      throw checkpoint_error("zenflow checkpoint " + path + ": cannot open the file (" + std::strerror(e) + ")");
+    }
 #if defined(__unix__) || defined(__APPLE__)
     struct stat st {};
     if (::fstat(fileno(f_), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -304,6 +322,10 @@ class input {
   // Called when a read goes back (load's second pass starts): lets a test change the data in
   // between, as a file rewritten in place during a load would.
   void on_rewind(std::function<void()> f) { rewind_hook_ = std::move(f); }
+  // The digest (digest_step) of the sections whose checksums have been checked (section_in::
+  // finish), in order: after a pass that finished each section once, the file's.
+  std::uint64_t digest() const noexcept { return digest_; }
+  void add_to_digest(std::uint32_t crc) noexcept { digest_ = digest_step(digest_, crc); }
 
  private:
   std::string name_;
@@ -312,6 +334,7 @@ class input {
   std::uint64_t size_ = 0, at_ = 0;
   bool memory_ = false;
   std::function<void()> rewind_hook_;
+  std::uint64_t digest_ = fnv1a64_init;
 };
 
 // One section's payload read from an input in pieces, its CRC computed on the way; finish()
@@ -347,6 +370,7 @@ class section_in : public typed_reads<section_in> {
     std::uint32_t stored;
     in_.read(&stored, 4);
     if (crc32_final(crc_) != stored) in_.fail("checksum mismatch in section " + std::to_string(index_));
+    in_.add_to_digest(stored);
   }
 
  private:

@@ -244,7 +244,8 @@ class optimizer {
   // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
   // are checked before anything changes; if the step still fails midway (a device or transfer
   // error), the optimizer refuses step() and save() until a checkpoint is loaded. Data
-  // parallel, every rank calls it (a collective): the ranks' gradients are reduced first, so
+  // parallel, every rank calls it (a collective) with the same grad_scale (compared first, with
+  // whether every rank can step: agree_to_step): the ranks' gradients are reduced first, so
   // every rank takes the same decisions and keeps the same state. Afterwards the grad buffers
   // hold the reduced gradient (rounded to their dtype) where this rank used it — the vectors,
   // the columns of its blocks, the selected columns — and its own gradient elsewhere (all of
@@ -252,12 +253,10 @@ class optimizer {
   // nccl_allreduce_communicator).
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
-    check_usable();
-    if (!(std::isfinite(grad_scale) && grad_scale > 0))
-      fail("grad_scale must be finite and > 0, got " + detail::exact(grad_scale));
-    if (!std::isfinite(float(1.0 / double(grad_scale))))
-      fail("grad_scale " + detail::exact(grad_scale) + " is too small: 1 / grad_scale overflows fp32");
     enter();
+    if (distributed()) agree_to_step(grad_scale);
+    check_usable();
+    check_grad_scale(grad_scale);
     // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
     if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
       const auto t0 = std::chrono::steady_clock::now();
@@ -269,12 +268,12 @@ class optimizer {
   // Finishes any host update in flight and makes its result visible in the params.
   void synchronize() {
     if (!initialized_) return;
-    check_usable();
     enter();
-    guarded([&] {
-      scheduler_.wait_offload();
-      drain();
+    enter_collective("synchronize()", [&] {
+      check_usable();
+      quiesce();
     });
+    guarded([&] { drain(); });  // (nothing in flight: publishes the last host update)
   }
 
   void set_lr(float lr) {
@@ -306,7 +305,7 @@ class optimizer {
     s.bytes_to_host = std::max(transport_.bytes_to_host(), owed_to_host_) - base_to_host_;
     s.bytes_to_device = transport_.bytes_to_device() - base_to_device_;
     s.bytes_uploaded_ahead = ahead_bytes_;
-    s.stall_seconds = scheduler_.stall_seconds() - base_stall_;
+    s.stall_seconds = (scheduler_.stall_seconds() - base_stall_) + stall_carried_;
     s.host_update_seconds = double(host_ns_.load()) * 1e-9;
     s.host_bookkeeping_bytes = bookkeeping_bytes();
     s.bytes_reduced = comm_.bytes_sent() - setup_sent_ + shared_;
@@ -330,21 +329,21 @@ class optimizer {
   // ---- inspection (waits for a host update in flight; changes nothing) ---------------------
   // The fp32 master of a matrix, column after column ([cols][rows]).
   void copy_master(matrix_id matrix, float* out) {
-    column_state(matrix.index(), out, [](auto& st, int b) { return st.master_of(b); },
+    column_state("copy_master()", matrix.index(), out, [](auto& st, int b) { return st.master_of(b); },
                  [](auto& hs) { return hs.master.data(); }, true);
   }
   void copy_exp_avg(matrix_id matrix, float* out) {
-    column_state(matrix.index(), out, [](auto& st, int b) { return st.exp_avg[b].data(); },
+    column_state("copy_exp_avg()", matrix.index(), out, [](auto& st, int b) { return st.exp_avg[b].data(); },
                  [](auto& hs) { return hs.exp_avg.data(); });
   }
   void copy_exp_avg_sq(matrix_id matrix, float* out) {
-    column_state(matrix.index(), out, [](auto& st, int b) { return st.exp_avg_sq[b].data(); },
+    column_state("copy_exp_avg_sq()", matrix.index(), out, [](auto& st, int b) { return st.exp_avg_sq[b].data(); },
                  [](auto& hs) { return hs.exp_avg_sq.data(); });
   }
   std::vector<std::uint32_t> column_counts(matrix_id id) {
     const std::size_t matrix = id.index();
     check_matrix(matrix);
-    quiesce();
+    enter_collective("column_counts()", [&] { quiesce(); });
     const auto& hs = host_.matrix(matrix);
     std::vector<std::uint32_t> out(matrices_[matrix].cols);  // (no host state: every column is selected)
     if (hs.on_host) {
@@ -369,9 +368,11 @@ class optimizer {
   void copy_params_synchronized(matrix_id id, void* out) {
     const std::size_t i = id.index();
     check_matrix(i);
-    check_usable();
     enter();
-    quiesce();
+    enter_collective("copy_params_synchronized()", [&] {
+      check_usable();
+      quiesce();
+    });
     const matrix_param& p = matrices_[i];
     const std::size_t es = size_of(p.param_type);
     space_.download(out, p.param, p.rows * p.cols * es);
@@ -425,9 +426,11 @@ class optimizer {
   // sharded checkpoint, a shard per rank and a manifest at `path` (optimizer_checkpoint.hpp).
   void save(const std::string& path) {
     if (!initialized_) fail("save() before initialize()");
-    check_usable();  // never a checkpoint of a state a failed step left half-changed
     enter();
-    quiesce();
+    enter_collective("save()", [&] {
+      check_usable();  // never a checkpoint of a state a failed step left half-changed
+      quiesce();
+    });
     detail::optimizer_checkpoint<optimizer>::save(*this, path);
   }
 
@@ -494,12 +497,24 @@ class optimizer {
       }
     }
   }
-  // Called by the checkpoint's load between its checks and its commit.
+  // Called by the checkpoint's load between its checks and its commit (`in`: the file every
+  // rank read, its check pass done). Then the ranks compare what they read: two complete
+  // checkpoints at one path (one saved over it while the ranks opened it, or copies out of step
+  // between nodes) would pass every rank's checks and leave the ranks' states apart.
   void agree_to_commit(const ckpt::input& in) {
     if constexpr (data_parallel) {
       load_vote_ = 2;
       if (!comm_.all_agree(true)) in.fail("another rank could not load its checkpoint; nothing was changed");
       load_vote_ = 1;
+      const std::size_t R = std::size_t(comm_.size());
+      std::vector<std::uint64_t> digests(R, 0);
+      digests[std::size_t(comm_.rank())] = in.digest();
+      std::vector<std::size_t> bytes(R, sizeof(std::uint64_t));
+      all_gather_host(digests.data(), bytes.data());
+      for (std::size_t r = 1; r < R; ++r)
+        if (digests[r] != digests[0])
+          in.fail("rank " + std::to_string(r) + " read another checkpoint than rank 0 (was it saved over during the "
+                  "load, or do the ranks see different copies?); nothing was changed");
     }
   }
 
@@ -933,6 +948,84 @@ class optimizer {
       throw;
     }
   }
+  static bool grad_scale_ok(float s) noexcept {
+    return std::isfinite(s) && s > 0 && std::isfinite(float(1.0 / double(s)));
+  }
+  static void check_grad_scale(float s) {
+    if (!(std::isfinite(s) && s > 0)) fail("grad_scale must be finite and > 0, got " + detail::exact(s));
+    if (!std::isfinite(float(1.0 / double(s))))
+      fail("grad_scale " + detail::exact(s) + " is too small: 1 / grad_scale overflows fp32");
+  }
+  // Data parallel, before a step's first collective: each rank's grad_scale and whether it can
+  // step (no step failed midway there; no background job's error already waiting), gathered (8
+  // bytes a rank, in bytes_reduced), so that every rank decides alike. A rank that cannot step,
+  // a grad_scale that is invalid on some rank, or grad_scales that differ (the ranks would apply
+  // different updates to what must stay the same state) make every rank throw here, nothing
+  // changed — instead of the others waiting in a collective that rank never joins, or the
+  // states drifting apart. The rank at fault throws its own error. (A background job that fails
+  // after this point still surfaces on its rank alone, later in the step: see the README.)
+  void agree_to_step(float grad_scale) {
+    struct vote {
+      float scale;
+      std::uint32_t cannot;  // 1: a step failed midway; 2: a background job's error waits
+    };
+    static_assert(sizeof(vote) == 8);
+    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    std::vector<vote> votes(R, vote{0.0f, 0});
+    votes[me].scale = grad_scale;
+    if (!broken_.empty()) votes[me].cannot = 1;
+    else if constexpr (requires { scheduler_.failed(); })
+      if (scheduler_.failed()) votes[me].cannot = 2;
+    std::vector<std::size_t> bytes(R, sizeof(vote));
+    all_gather_host(votes.data(), bytes.data());
+    shared_ += std::uint64_t(R - 1) * sizeof(vote);
+    for (std::size_t r = 0; r < R; ++r) {
+      if (!votes[r].cannot) continue;
+      if (r == me) {
+        if (votes[r].cannot == 2) quiesce();  // throws the job's error (and marks this rank)
+        check_usable();
+      }
+      broken_ = "rank " + std::to_string(r) + (votes[r].cannot == 1 ? "'s optimizer failed midway" : "'s background job failed");
+      throw std::runtime_error("zenflow: step() refused on every rank: " + broken_ +
+                               "; the ranks are no longer in step: load a checkpoint on every rank to go on");
+    }
+    for (std::size_t r = 0; r < R; ++r) {
+      if (grad_scale_ok(votes[r].scale)) continue;
+      if (r == me) check_grad_scale(grad_scale);
+      fail("step() refused on every rank: rank " + std::to_string(r) + " passed grad_scale " +
+           detail::exact(votes[r].scale) + " (it must be finite and > 0, 1 / grad_scale finite in fp32)");
+    }
+    for (std::size_t r = 1; r < R; ++r)
+      if (std::memcmp(&votes[r].scale, &votes[0].scale, sizeof(float)) != 0)
+        fail("step() refused on every rank: grad_scale is " + detail::exact(votes[r].scale) + " on rank " +
+             std::to_string(r) + ", " + detail::exact(votes[0].scale) +
+             " on rank 0; every rank must pass the same (the ranks apply one reduced gradient)");
+  }
+  // Data parallel, the calls that are collectives besides step() (synchronize, save, the state
+  // copies, column_counts): `local` does what may fail on this rank alone — the check that no
+  // step failed midway here, the wait for the background jobs (their errors are this rank's) —
+  // then the ranks vote, before any collective, so that a failure on one rank throws on every
+  // rank instead of leaving the others waiting in a collective it never joins. The failing rank
+  // throws its own error; the others throw too and, their state no longer in step with that
+  // rank's, refuse further work until a load (on every rank) succeeds.
+  template <class Local>
+  void enter_collective(const char* call, Local&& local) {
+    if (!distributed()) return local();
+    std::exception_ptr mine;
+    try {
+      local();
+    } catch (...) {
+      mine = std::current_exception();
+    }
+    const bool everyone = comm_.all_agree(!mine);
+    if (mine) std::rethrow_exception(mine);
+    if (!everyone) {
+      broken_ = std::string(call) + " failed on another rank";
+      throw std::runtime_error("zenflow: " + std::string(call) +
+                               " failed on another rank (which threw its error); the ranks are no longer in step: "
+                               "load a checkpoint on every rank to go on");
+    }
+  }
   void check_usable() const {
     if (!broken_.empty())
       throw std::logic_error("zenflow: a step or transfer failed midway (" + broken_ +
@@ -1076,6 +1169,7 @@ class optimizer {
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
     base_to_device_ = transport_.bytes_to_device();
     base_stall_ = scheduler_.stall_seconds();
+    stall_carried_ = 0;
   }
 
   // What build() made, undone (initialize() failed): the optimizer as registered.
@@ -1473,7 +1567,7 @@ class optimizer {
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
     host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
-    if (!matrices_.empty()) ++host_updates_;  // a pass that updated columns (DESIGN.md §4)
+    if (!matrices_.empty()) ++host_updates_;  // a pass that updated columns (see stats().host_updates)
   }
 
   void offload(float factor) {
@@ -1641,7 +1735,7 @@ class optimizer {
     scheduler_.launch(job);
     pending_ = true;
     if (std::any_of(unselected_.begin(), unselected_.end(), [](const auto& un) { return !un.empty(); }))
-      ++host_updates_;  // a pass that updates at least one column (DESIGN.md §4): device AdamW counts none
+      ++host_updates_;  // a pass that updates at least one column: device AdamW counts none
     if (!cfg_.overlap_step) drain();
     window_steps_ = 0;
     auto_a_.assign(matrices_.size(), 0.0);
@@ -1881,9 +1975,10 @@ class optimizer {
 
   // (master: the array asked for is the master, which an fp32 param holds itself)
   template <class DeviceArray, class HostArray>
-  void column_state(std::size_t matrix, float* out, DeviceArray dev, HostArray host, bool master = false) {
+  void column_state(const char* call, std::size_t matrix, float* out, DeviceArray dev, HostArray host,
+                    bool master = false) {
     check_matrix(matrix);
-    quiesce();
+    enter_collective(call, [&] { quiesce(); });
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;
     if (const auto& hs = host_.matrix(matrix); hs.on_host) {  // this rank's block, then the others'
@@ -1935,7 +2030,9 @@ class optimizer {
   std::vector<std::size_t> scatter_counts_;
   piece_batch stats_out_, stats_in_;  // sharded_gradient_pass's batched copies
   std::uint64_t shared_ = 0;
-  std::uint64_t setup_sent_ = 0;  // the communicator's bytes of initialize()'s comparison of the ranks
+  // the communicator's bytes that are not this run's reductions: initialize()'s comparison of the
+  // ranks, and, after a load, all it sent before (bytes_reduced continues from the file's, in shared_)
+  std::uint64_t setup_sent_ = 0;
   // Data parallel: the ranks' blocks of a collective (bytes each), the (device) memory where
   // the blocks of params or joining state are gathered, and the bytes this rank sent there.
   std::vector<std::size_t> counts_;
@@ -1976,6 +2073,7 @@ class optimizer {
   std::uint64_t base_to_host_ = 0, base_to_device_ = 0;
   std::uint64_t owed_to_host_ = 0;  // the transport's to-host count once the offload in flight is done
   double base_stall_ = 0;
+  double stall_carried_ = 0;  // a loaded checkpoint's stall (kept apart: exactly the file's right after the load)
   std::atomic<std::uint64_t> host_ns_{0};
   std::uint64_t reduce_ns_ = 0;  // data parallel: time reducing gradients (stats().reduce_seconds)
   std::vector<double> auto_a_, auto_b_;

@@ -65,11 +65,14 @@ struct optimizer_checkpoint {
   struct set_info {
     std::uint64_t generation = 0;
     std::uint32_t ranks = 0;
-    std::string base;                  // the manifest's file name when it was written
-    std::vector<std::uint64_t> sizes;  // of each shard file
+    std::string base;                    // the manifest's file name when it was written
+    std::vector<std::uint64_t> sizes;    // of each shard file
+    std::vector<std::uint64_t> digests;  // of each shard file (ckpt::digest_step)
   };
   static constexpr std::uint32_t max_shards = 1u << 16;
   static constexpr std::size_t max_base = 4096;
+  // The shards section's largest size.
+  static constexpr std::uint64_t max_set_info = 16 + max_base + 16 * std::uint64_t(max_shards);
 
   static std::string dir_of(const std::string& path) {
     const std::size_t slash = path.find_last_of('/');
@@ -87,6 +90,7 @@ struct optimizer_checkpoint {
     w.put<std::uint32_t>(std::uint32_t(s.base.size()));
     w.bytes(s.base.data(), s.base.size());
     for (std::uint64_t b : s.sizes) w.put(b);
+    for (std::uint64_t d : s.digests) w.put(d);
   }
   template <class Bad>
   static set_info read_set_info(ckpt::reader& r, Bad bad) {
@@ -100,14 +104,19 @@ struct optimizer_checkpoint {
     if (s.base.find('/') != std::string::npos || s.base == "." || s.base == "..") bad("shards section is inconsistent");
     s.sizes.resize(s.ranks);
     for (auto& b : s.sizes) b = r.template get<std::uint64_t>();
+    s.digests.resize(s.ranks);
+    for (auto& d : s.digests) d = r.template get<std::uint64_t>();
     r.done();
     return s;
   }
-  // The regular files dir/base.gN.rankR-of-M (R, M: digits; none if the directory cannot be listed).
+  // The regular files dir/base.gN.rankR-of-M (R, M: digits; none if the directory cannot be
+  // listed), and the temporary files of such shards (a save killed while writing them left
+  // them: .tmp.<pid>.<n> after the name; `temporary`).
   struct shard_file {
     std::uint64_t generation;
     std::uint64_t rank;
     std::string path;
+    bool temporary = false;
   };
   static std::vector<shard_file> shard_files(const std::string& dir, const std::string& base) {
     std::vector<shard_file> out;
@@ -129,12 +138,23 @@ struct optimizer_checkpoint {
       k += 5;
       if (!number(name, k, r) || name.compare(k, 4, "-of-") != 0) continue;
       k += 4;
-      if (!number(name, k, m) || k != name.size() || !it->is_regular_file(ec)) continue;
-      out.push_back({g, r, dir + name});
+      if (!number(name, k, m)) continue;
+      const bool tmp = k != name.size();
+      if (tmp) {  // .tmp.<digits>.<digits>, exactly
+        std::uint64_t x = 0;
+        if (name.compare(k, 5, ".tmp.") != 0) continue;
+        k += 5;
+        if (!number(name, k, x) || k >= name.size() || name[k] != '.') continue;
+        ++k;
+        if (!number(name, k, x) || k != name.size()) continue;
+      }
+      if (!it->is_regular_file(ec)) continue;
+      out.push_back({g, r, dir + name, tmp});
     }
     return out;
   }
-  // The highest generation N among the shard files of base in dir (0 if none).
+  // The highest generation N among the shard files of base in dir (0 if none; a temporary one
+  // counts too: its generation is never reused).
   static std::uint64_t highest_generation(const std::string& dir, const std::string& base) {
     std::uint64_t high = 0;
     for (const shard_file& f : shard_files(dir, base)) high = std::max(high, f.generation);
@@ -150,7 +170,7 @@ struct optimizer_checkpoint {
         in.seek(in.offset() + len + 4);
       }
       const ckpt::section_header h = ckpt::read_section_header(in, 3);
-      if (h.tag != ckpt::shards_tag || h.len > 16 + max_base + 8 * std::uint64_t(max_shards)) return std::nullopt;
+      if (h.tag != ckpt::shards_tag || h.len > max_set_info) return std::nullopt;
       std::vector<unsigned char> data(std::size_t(h.len));
       ckpt::section_in r(in, h.len, 3);
       r.bytes(data.data(), data.size());
@@ -175,6 +195,9 @@ struct optimizer_checkpoint {
   static void save_set(Opt& o, const std::string& path) {
     auto& comm = o.comm_;
     const int R = comm.size(), rank = comm.rank();
+    if (std::uint64_t(R) > max_shards)  // (the same R on every rank: every rank throws here)
+      throw std::runtime_error("zenflow: a sharded checkpoint holds at most " + std::to_string(max_shards) +
+                               " shards; this job has " + std::to_string(R) + " ranks");
     std::vector<std::size_t> counts(std::size_t(R), 0);
     // rank 0 tells every rank the new generation: above the previous set's and above every shard
     // file of this base in the directory, so that a set whose manifest cannot be read (damaged,
@@ -189,9 +212,12 @@ struct optimizer_checkpoint {
     const std::string dir = dir_of(path), base = base_of(path);
     const std::string mine = shard_path(dir, base, gen[0], rank, R);
     std::exception_ptr failed;
-    std::vector<std::uint64_t> sizes(std::size_t(R), 0);
+    // each rank's shard: its size and digest, gathered for the manifest
+    std::vector<std::uint64_t> shards(2 * std::size_t(R), 0);
     try {
-      sizes[std::size_t(rank)] = write_shard(o, mine, gen[0]);
+      const auto [size, digest] = write_shard(o, mine, gen[0]);
+      shards[2 * std::size_t(rank)] = size;
+      shards[2 * std::size_t(rank) + 1] = digest;
     } catch (...) {
       failed = std::current_exception();
     }
@@ -202,30 +228,35 @@ struct optimizer_checkpoint {
                                " could not be written; the previous checkpoint stands");
     };
     if (!comm.all_agree(!failed)) give_up("a shard");
-    for (auto& c : counts) c = 8;
-    o.all_gather_host(sizes.data(), counts.data());
+    for (auto& c : counts) c = 16;
+    o.all_gather_host(shards.data(), counts.data());
     if (rank == 0) {
       try {
-        const set_info info{gen[0], std::uint32_t(R), base, sizes};
+        set_info info{gen[0], std::uint32_t(R), base, {}, {}};
+        for (int r = 0; r < R; ++r) {
+          info.sizes.push_back(shards[2 * std::size_t(r)]);
+          info.digests.push_back(shards[2 * std::size_t(r) + 1]);
+        }
         write(o, path, &info);
       } catch (...) {
         failed = std::current_exception();
       }
     }
     if (!comm.all_agree(!failed)) give_up("the manifest");
-    // <path> names the new set: every older shard of this base goes — the previous set's, and
-    // any that a save interrupted after its manifest was written (a rank killed while removing
-    // the previous set's shards) left behind. Each rank removes the files of its rank number, rank
-    // 0 also those of ranks beyond R (a previous set of more ranks), so that ranks on file systems
-    // of their own clean up theirs.
+    // <path> names the new set: every older shard of this base goes — the previous set's, any
+    // that a save interrupted after its manifest was written (a rank killed while removing the
+    // previous set's shards) left behind, and the temporary files of shards that a rank killed
+    // while writing them left. Each rank removes the files of its rank number, rank 0 also those
+    // of ranks beyond R (a previous set of more ranks), so that ranks on file systems of their
+    // own clean up theirs.
     for (const shard_file& f : shard_files(dir, base))
       if (f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R))))
         std::remove(f.path.c_str());
   }
 
   // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
-  // matrix with host state, its block's host arrays. Returns the file's size.
-  static std::uint64_t write_shard(Opt& o, const std::string& path, std::uint64_t generation) {
+  // matrix with host state, its block's host arrays. Returns the file's size and digest.
+  static std::pair<std::uint64_t, std::uint64_t> write_shard(Opt& o, const std::string& path, std::uint64_t generation) {
     ckpt::writer head;
     head.put(generation);
     head.put<std::uint32_t>(std::uint32_t(o.comm_.rank()));
@@ -245,7 +276,7 @@ struct optimizer_checkpoint {
       size += 20 + host_bytes(o, i, h.cols);
     }
     f.commit();
-    return size;
+    return {size, f.digest()};
   }
   template <class File, class State>
   static void write_host_arrays(const Opt& o, File& f, const State& h) {
@@ -291,6 +322,8 @@ struct optimizer_checkpoint {
       cnt.put(o.auto_a_[i]);
       cnt.put(o.auto_b_[i]);
     }
+    // the communication counters (version 3)
+    for (std::uint64_t v : {st.bytes_reduced, st.bytes_gathered, o.reduce_ns_, st.bytes_uploaded_ahead}) cnt.put(v);
     ckpt::file_writer f(path, std::uint32_t((set ? 4 : 3) + o.matrices_.size() + o.vectors_.size()));
     f.section(ckpt::config_tag, conf);
     f.section(ckpt::layout_tag, lay);
@@ -419,7 +452,7 @@ struct optimizer_checkpoint {
     }
     rl.done();
     // counters
-    const auto cnt = small(2, ckpt::counters_tag, "counters", 99 + 16 * std::uint64_t(nm));
+    const auto cnt = small(2, ckpt::counters_tag, "counters", 131 + 16 * std::uint64_t(nm));
     ckpt::reader rn(cnt.data(), cnt.size(), "counters");
     std::uint64_t c[10];
     for (auto& v : c) v = rn.get<std::uint64_t>();
@@ -443,11 +476,13 @@ struct optimizer_checkpoint {
       aa[i] = rn.get<double>();
       ab[i] = rn.get<double>();
     }
+    std::uint64_t comm_counts[4];  // bytes reduced, gathered, reduction ns, bytes uploaded ahead
+    for (auto& v : comm_counts) v = rn.get<std::uint64_t>();
     rn.done();
     set_info set;
     if (sharded) {
       if (in.from_memory()) bad("is the manifest of a sharded checkpoint: load it from its file, beside its shards");
-      const auto sh = small(3, ckpt::shards_tag, "shards", 16 + max_base + 8 * std::uint64_t(max_shards));
+      const auto sh = small(3, ckpt::shards_tag, "shards", max_set_info);
       ckpt::reader rs(sh.data(), sh.size(), "shards");
       set = read_set_info(rs, bad);
     }
@@ -558,7 +593,13 @@ struct optimizer_checkpoint {
     o.owed_to_host_ = 0;                                     // (the lane is idle: load quiesced it)
     o.base_to_device_ = o.transport_.bytes_to_device() - c[8];
     o.host_ns_ = c[9];
-    o.base_stall_ = o.scheduler_.stall_seconds() - stall;
+    o.base_stall_ = o.scheduler_.stall_seconds();
+    o.stall_carried_ = stall;
+    o.setup_sent_ = o.comm_.bytes_sent();  // bytes_reduced continues from the file's
+    o.shared_ = comm_counts[0];
+    o.gathered_ = comm_counts[1];
+    o.reduce_ns_ = comm_counts[2];
+    o.ahead_bytes_ = comm_counts[3];
     o.selected_once_ = sel_once;
     o.pending_ = pend;
     o.ahead_filled_ = false;  // a pending update is uploaded from the loaded master, not the device area
@@ -742,6 +783,8 @@ struct optimizer_checkpoint {
         ++index;
       }
       if (in.left() != 0) bad("trailing bytes after the last section");
+      if (in.digest() != set.digests[std::size_t(s)])  // (well formed, but not the set's: from another save)
+        bad("is not the shard this manifest was saved with (its contents differ)");
       out.push_back(std::move(sh));
     }
     return out;

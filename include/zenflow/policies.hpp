@@ -27,6 +27,8 @@ struct noop_job {  // (a named type: nvcc's front end rejects lambdas inside req
 };
 }  // namespace detail
 
+// A scheduler whose jobs' errors wait for the next wait (bounded_async) may also have
+// `bool failed() const`, a poll: the data-parallel optimizer's ranks compare it before a step.
 template <class T>
 concept scheduler_policy = requires(T& s) {
   s.launch(detail::noop_job{});
@@ -84,7 +86,7 @@ concept block_streaming_transport =
 // (opt-in, uploads_ahead()): from the update lane, in pieces the caller fills in place, into a
 // device area the optimizer keeps for them; the boundary then only waits on the device for
 // those copies (await_ahead) and scatters. Bytes so moved are counted when applied
-// (account_to_device), as DESIGN.md §10 counts them.
+// (account_to_device): bytes_to_device counts what reached the params.
 template <class T>
 concept ahead_transport = requires(T& t, const T& ct, void* dst, std::size_t n) {
   { ct.uploads_ahead() } -> std::convertible_to<bool>;

@@ -68,6 +68,11 @@ class worker_lane {
     std::lock_guard lock(mu_);
     return job_ || running_;
   }
+  // Whether a job's error is held for wait() (a job still running has not failed yet).
+  bool failed() const {
+    std::lock_guard lock(mu_);
+    return error_ != nullptr;
+  }
 
  private:
   void run() {
@@ -134,6 +139,9 @@ class bounded_async {
   bool offload_busy() const { return offload_.busy(); }
 
   bool busy() const { return update_.busy() || offload_.busy(); }
+  // Whether a job has failed and its error waits for the next wait() or wait_offload(): a poll
+  // that never blocks (the data-parallel optimizer's ranks compare it before each step).
+  bool failed() const { return update_.failed() || offload_.failed(); }
   double stall_seconds() const {
     std::lock_guard lock(mu_);
     return stall_;
