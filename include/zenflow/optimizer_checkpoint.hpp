@@ -323,7 +323,8 @@ struct optimizer_checkpoint {
       cnt.put(o.auto_b_[i]);
     }
     // the communication counters (version 3)
-    for (std::uint64_t v : {st.bytes_reduced, st.bytes_gathered, o.reduce_ns_, st.bytes_uploaded_ahead}) cnt.put(v);
+    const std::uint64_t comm_counts[] = {st.bytes_reduced, st.bytes_gathered, o.reduce_ns_, st.bytes_uploaded_ahead};
+    for (std::uint64_t v : comm_counts) cnt.put(v);
     ckpt::file_writer f(path, std::uint32_t((set ? 4 : 3) + o.matrices_.size() + o.vectors_.size()));
     f.section(ckpt::config_tag, conf);
     f.section(ckpt::layout_tag, lay);
