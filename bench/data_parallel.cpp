@@ -16,13 +16,30 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <zenflow/mpi.hpp>
 #include <zenflow/zenflow.hpp>
 
 using namespace zenflow;
+
+// The machine, for the record: the CPU's model name (Linux's /proc/cpuinfo; "" elsewhere).
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      std::string name = colon == std::string::npos ? "" : line.substr(colon + 1);
+      name.erase(0, name.find_first_not_of(' '));
+      for (char& c : name)
+        if (c == '"' || c == '\\') c = ' ';
+      return name;
+    }
+  return "";
+}
 
 template <class Comm>
 void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, unsigned threads) {
@@ -71,17 +88,19 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
                            double(st.bytes_gathered) * per_step,
                            double(st.host_pageable_bytes),
                            step_s[step_s.size() / 2],
-                           st.reduce_seconds * per_step};
+                           st.reduce_seconds * per_step,
+                           double(opt.communicator().bytes_allocated())};
     constexpr int nf = int(sizeof mine / sizeof mine[0]);
     std::vector<double> all(std::size_t(R) * nf);
     MPI_Gather(mine, nf, MPI_DOUBLE, all.data(), nf, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank == 0) {
       const char* names[nf] = {"host_update_s",         "bytes_to_host_per_step", "bytes_to_device_per_step",
                                "bytes_reduced_per_step", "bytes_gathered_per_step", "host_pageable_bytes",
-                               "median_step_s",          "reduce_s_per_step"};
-      std::printf("{\"bench\":\"data_parallel\",\"reduction\":\"%s\",\"ranks\":%d,\"params\":%zu,\"steps\":%d,"
-                  "\"threads_per_rank\":%u",
-                  reduction, R, nmat * dim * dim + dim, steps, threads);
+                               "median_step_s",          "reduce_s_per_step",     "communicator_bytes"};
+      std::printf("{\"bench\":\"data_parallel\",\"cpu\":\"%s\",\"host_cores\":%u,\"reduction\":\"%s\",\"ranks\":%d,"
+                  "\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u",
+                  cpu_model().c_str(), std::max(1u, std::thread::hardware_concurrency()), reduction, R,
+                  nmat * dim * dim + dim, steps, threads);
       for (int f = 0; f < nf; ++f) {
         std::printf(",\"%s\":[", names[f]);
         for (int r = 0; r < R; ++r) std::printf("%s%.6g", r ? "," : "", all[std::size_t(r) * nf + std::size_t(f)]);

@@ -180,6 +180,7 @@ struct run_out {
   std::vector<unsigned char> state;
   std::vector<bool> skipped;
   optimizer_stats stats;
+  std::size_t comm_bytes = 0;  // what the communicator keeps between calls
   // per applied step, the grad bytes of the selected columns in this rank's blocks (what it
   // sends each other rank for the replicated device update)
   std::uint64_t own_selected_bytes = 0;
@@ -234,6 +235,7 @@ run_out data_parallel_run(const gradient_source& src, reduce_op op, bool overlap
   out.synced = synced_params(opt);
   out.state = state_of(opt, m);
   out.stats = opt.stats();
+  out.comm_bytes = opt.communicator().bytes_allocated();
   return out;
 }
 
@@ -285,7 +287,9 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       if (ranks() > 1) CHECK(dp.stats.bytes_to_host < ref.stats.bytes_to_host);
       // Host memory: one process's, less the host state of the columns outside this rank's
       // blocks (master, m, v, accumulators: 12 + 4 per accumulator bytes an element, 4 a column's
-      // count), plus the fp32 reduction buffer (4 bytes an element of the model) and the gather
+      // count), plus, with more than one rank, the fp32 reduction buffer (4 bytes an element of
+      // the model) and the communicator's own buffers (its receive buffer: a rank's pieces of
+      // its segment, at least its block's share of the matrices' gradient), and the gather
       // space, which holds at most one matrix's params or its joining columns' state (<= 12
       // bytes an element of the widest matrix here: k = cols / 4).
       const std::uint64_t accs = overlap ? 2 : 1;
@@ -294,7 +298,18 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
         const std::size_t own = detail::shard_begin(cols_, ranks(), my_rank() + 1) - detail::shard_begin(cols_, ranks(), my_rank());
         others += ((12 + 4 * accs) * rows_ + 4) * (cols_ - own);
       }
-      const std::uint64_t floor_ = ref.stats.host_pageable_bytes - others + (ranks() > 1 ? 4 * n_all : 0);
+      if (ranks() > 1) {
+        std::uint64_t received = 0;  // the pieces of this rank's blocks, from every rank, in fp32
+        for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {
+          const auto [c0, c1] = own_block(cols_);
+          received += 4 * std::uint64_t(ranks()) * rows_ * (c1 - c0);
+        }
+        CHECK(dp.comm_bytes >= received);
+      } else {
+        CHECK(dp.comm_bytes == 0);  // (one rank: no collective ever runs)
+      }
+      const std::uint64_t floor_ =
+          ref.stats.host_pageable_bytes - others + (ranks() > 1 ? 4 * n_all : 0) + dp.comm_bytes;
       CHECK(dp.stats.host_pageable_bytes >= floor_);
       CHECK(dp.stats.host_pageable_bytes <= floor_ + 12 * R0 * C0);
       // What a rank uploads (its blocks' params after a host update, its joining columns' state)
@@ -471,9 +486,13 @@ TEST_CASE("data parallel: a communicator on the space's device memory (staged co
       opt.step();
     }
     // the reduction buffer holds one round (100 fp32), not the model (1,852): against the same
-    // steps on mpi_communicator (the whole model in one round), everything else equal
+    // steps on mpi_communicator (the whole model in one round), everything else equal but the
+    // communicators' receive buffers, which hold a round's pieces too (one rank: no buffer)
     const trained whole(src, cfg, k);
-    CHECK(whole.opt.stats().host_pageable_bytes - opt.stats().host_pageable_bytes == 4 * (n_all - 100));
+    const std::size_t comm_staged = opt.communicator().bytes_allocated(), comm_whole = whole.opt.communicator().bytes_allocated();
+    CHECK((whole.opt.stats().host_pageable_bytes - comm_whole) - (opt.stats().host_pageable_bytes - comm_staged) ==
+          (ranks() > 1 ? 4 * (n_all - 100) : 0));
+    if (ranks() > 1) CHECK(comm_staged < comm_whole);
     CHECK(synced_params(opt) == [&] {
       model r;
       optimizer<> ref(cfg);

@@ -76,6 +76,13 @@ class mpi_communicator {
   // The bytes this rank sent to reduce gradients (the other collectives are counted by their
   // callers: the optimizer's stats() has them).
   std::uint64_t bytes_sent() const noexcept { return sent_; }
+  // The host memory it keeps between calls: the receive buffer of the ranks' pieces (a round's
+  // worth at most), the shard and packing buffers, the count arrays. (In the optimizer's
+  // stats().host_pageable_bytes.)
+  std::size_t bytes_allocated() const noexcept {
+    return sizeof(float) * (pieces_.capacity() + shard_.capacity() + packed_.capacity()) +
+           sizeof(int) * (counts_.capacity() + displs_.capacity() + mine_.capacity() + mine_displs_.capacity());
+  }
 
   // See communicator_policy. Collective: every rank calls it with the same n.
   void reduce(float* data, std::size_t n, reduce_op op) {

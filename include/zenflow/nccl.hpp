@@ -82,6 +82,9 @@ class nccl_communicator {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   std::uint64_t bytes_sent() const noexcept { return sent_; }
+  // The device memory it keeps between calls (the ranks' pieces of a shard, the vote's flag; in
+  // the optimizer's stats().device_bytes).
+  std::size_t bytes_allocated() const noexcept { return sizeof(float) * pieces_.size() + sizeof(int) * flag_.size(); }
   // The stream the collectives run on (the optimizer passes its own).
   void set_stream(cudaStream_t s) noexcept { stream_ = s; }
   cudaStream_t stream() const noexcept { return stream_; }

@@ -314,7 +314,9 @@ class optimizer {
     if (initialized_) {
       // (the reduction buffer and the gather space are the space's device memory: host memory
       // on the host space)
-      const std::size_t comm_bytes = 4 * reduce_buf_.size() + gather_buf_.size();
+      // and what the communicator keeps between calls (its receive buffers) in its space's memory
+      std::size_t comm_bytes = 4 * reduce_buf_.size() + gather_buf_.size();
+      if constexpr (requires { comm_.bytes_allocated(); }) comm_bytes += comm_.bytes_allocated();
       const bool on_host = std::is_base_of_v<host_space, Space>;
       s.host_pageable_bytes = host_.bytes_allocated() + (on_host ? comm_bytes : 0);
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
@@ -415,6 +417,8 @@ class optimizer {
   // The transport, e.g. to opt in to uploads ahead before initialize():
   // opt.transport().upload_ahead(true) (cuda_pinned, host_copy).
   Transport& transport() noexcept { return transport_; }
+  // The communicator (its rank, size, bytes_sent(); read-only: its collectives are the optimizer's).
+  const Communicator& communicator() const noexcept { return comm_; }
 
   // ---- checkpoints ------------------------------------------------------------------------
   // Saves the complete state — config, registrations, counters, selections, per-column counts,
@@ -1159,7 +1163,7 @@ class optimizer {
         }
       }
     }
-    if constexpr (data_parallel) {
+    if (distributed()) {  // (one rank reduces nothing: step() skips the identity)
       std::size_t n = 0;
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
@@ -1684,10 +1688,13 @@ class optimizer {
   // current on the device from the host state: this rank uploads its part (host-state indices
   // local[0, n_own), own_dev on the device) — in one process, all of them. Data parallel, each
   // rank's part goes into its place in the gather space instead, and every rank's part is
-  // gathered there (as a device-side all-gather would) and scattered into the params.
+  // gathered there (as a device-side all-gather would) and scattered into the params. (One
+  // rank's part is the whole list: uploaded as in one process.)
   void publish(std::size_t i, const std::uint32_t* local, const std::uint32_t* own_dev, std::size_t n_own,
                const std::uint32_t* list, const std::uint32_t* list_dev, std::size_t n) {
     if constexpr (!data_parallel) {
+      upload(i, local, own_dev, n_own);
+    } else if (!distributed()) {
       upload(i, local, own_dev, n_own);
     } else {
       if (n == 0) return;
