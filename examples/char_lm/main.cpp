@@ -3,7 +3,9 @@
 // as CSV and SVG. `char_lm --help` lists the flags.
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -485,13 +487,25 @@ int main(int argc, char** argv) try {
                 r.final_valid, rel, r.steps_per_second, r.stall_seconds, r.bytes_per_step);
   }
 #ifdef CHAR_LM_MPI
-  if (mpi_started) {  // every rank must hold the same model: its validation losses, bit for bit
-    std::vector<double> mine;
-    for (const auto& r : runs) mine.push_back(r.final_valid);
-    std::vector<double> all(mine.size() * std::size_t(o.ranks));
-    MPI_Allgather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE, MPI_COMM_WORLD);
+  if (mpi_started) {
+    // what each optimizer sent the other ranks (the reduction, the statistics and selected columns
+    // gathered, the params gathered), the same multiple of the model's fp32 bytes as above
+    std::printf("\ndata parallel, rank 0's collectives per step (x model):");
+    for (const auto& r : runs) std::printf(" %s %.3f", r.name.c_str(), r.collective_bytes_per_step);
+    std::printf("\n");
+    // every rank must hold the same model, bit for bit: the params' hash and the validation losses
+    std::vector<std::uint64_t> mine;
+    for (const auto& r : runs) {
+      std::uint64_t v;
+      std::memcpy(&v, &r.final_valid, 8);
+      mine.push_back(r.param_hash);
+      mine.push_back(v);
+    }
+    std::vector<std::uint64_t> all(mine.size() * std::size_t(o.ranks));
+    MPI_Allgather(mine.data(), int(mine.size()), MPI_UINT64_T, all.data(), int(mine.size()), MPI_UINT64_T, MPI_COMM_WORLD);
     const bool same = std::equal(all.begin(), all.end() - std::ptrdiff_t(mine.size()), all.begin() + std::ptrdiff_t(mine.size()));
-    std::printf("\ndata parallel: final validation losses %s on all %d ranks\n", same ? "identical" : "DIFFERENT", o.ranks);
+    std::printf("data parallel: final params and validation losses %s on all %d ranks\n", same ? "identical" : "DIFFERENT",
+                o.ranks);
     if (!same) throw std::runtime_error("the ranks' models differ");
   }
   if (o.rank == 0) {

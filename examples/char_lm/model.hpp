@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -50,6 +51,23 @@ struct model {
   }
   std::size_t parameters() const {
     return emb.size() + l1.w.size() + l1.b.size() + l2.w.size() + l2.b.size() + l3.w.size() + l3.b.size();
+  }
+  // FNV-1a over every parameter's bits: equal models, equal hashes (data-parallel ranks compare it).
+  std::uint64_t param_hash() const {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    auto add = [&](const std::vector<float>& v) {
+      for (float x : v) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        for (int k = 0; k < 4; ++k) h = (h ^ ((bits >> (8 * k)) & 0xffu)) * 0x100000001b3ull;
+      }
+    };
+    add(emb);
+    for (const layer* l : {&l1, &l2, &l3}) {
+      add(l->w);
+      add(l->b);
+    }
+    return h;
   }
 };
 

@@ -170,6 +170,8 @@ struct run_result {
   double start_valid = 0;  // before the first step, on the final_positions
   double final_train = 0, final_valid = 0, steps_per_second = 0, stall_seconds = 0;
   double bytes_per_step = 0;  // host<->device bytes per step, as a multiple of the model's bytes
+  double collective_bytes_per_step = 0;  // data parallel: what this rank sent to the others, the same multiple
+  std::uint64_t param_hash = 0;          // the trained model's (model::param_hash)
   zenflow::optimizer_stats stats;
 };
 
@@ -263,6 +265,8 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
   r.stall_seconds = r.stats.stall_seconds;
   const double model_bytes = double(m.parameters()) * 4;
   r.bytes_per_step = double(r.stats.bytes_to_host + r.stats.bytes_to_device) / double(o.steps) / model_bytes;
+  r.collective_bytes_per_step = double(r.stats.bytes_reduced + r.stats.bytes_gathered) / double(o.steps) / model_bytes;
+  r.param_hash = m.param_hash();
   return r;
 }
 
