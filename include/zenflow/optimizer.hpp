@@ -322,6 +322,7 @@ class optimizer {
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
       s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + ahead_.size() +
                        4 * slots_dev_.size() + 4 * compact_slot_.size() +
+                       sizeof(copy_piece) * (stats_out_.table.size() + stats_in_.table.size()) +
                        (on_host ? 0 : comm_bytes);
       for (const auto& l : lists_dev_) s.device_bytes += 4 * l.size();
     }
@@ -1251,6 +1252,12 @@ class optimizer {
     for (const auto& l : unselected_) b += heap(l.capacity() * 4);
     for (const auto& l : selected_) b += heap(l.capacity() * 4);
     b += heap(slot_scratch_.capacity() * 4);
+    // data parallel: this rank's unselected lists, and the statistics copies' tables (3 pieces a
+    // matrix and rank: host copies of what the space holds)
+    b += vec(own_unselected_) + vec(own_from_);
+    for (const auto& l : own_unselected_) b += heap(l.capacity() * 4);
+    for (const piece_batch* pb : {&stats_out_, &stats_in_})
+      b += heap(pb->pieces.capacity() * sizeof(copy_piece)) + heap(pb->last.capacity() * sizeof(copy_piece));
     if constexpr (requires { updater_.records_bytes(); }) b += updater_.records_bytes();
     if constexpr (requires { host_.records_bytes(); }) b += host_.records_bytes();
     return b;
