@@ -145,6 +145,16 @@ std::uint64_t fnv(const std::vector<unsigned char>& b) {
 constexpr std::size_t n_all = R0 * C0 + R1 * C1 + N2;  // the model's elements
 
 std::string tmp_path(const std::string& name) { return std::string(ZF_TEST_TMP_DIR) + "/" + name; }
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+// The shard files (and their temporaries) of the sets saved at path, in its directory.
+std::size_t shard_files_of(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::string prefix = p.filename().string() + ".g";
+  std::size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path()))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) ++n;
+  return n;
+}
 
 // Registers m with a fresh optimizer, loads the checkpoint at path, takes steps [k, n) of this
 // rank's own gradients and returns the state.
@@ -397,12 +407,16 @@ TEST_CASE("data parallel: a matrix with fewer columns than ranks (some ranks hol
   const auto a = run(dp, false);
   const auto* ab = reinterpret_cast<const unsigned char*>(a.data());
   CHECK(same_everywhere(fnv(std::vector<unsigned char>(ab, ab + 4 * a.size()))));  // every rank, not only rank 0
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(shard_files_of(tmp_path("mpi_narrow.zfc")) >= std::size_t(ranks()));  // (the ranks' set: saved over below)
+  MPI_Barrier(MPI_COMM_WORLD);
   if (my_rank() == 0) {
     optimizer<> one(cfg);
     const auto b = run(one, true);
     CHECK(a == b);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(shard_files_of(tmp_path("mpi_narrow.zfc")) == 0);  // one process's save over the manifest removed them
   CHECK(dp.stats().steps == 9);
 }
 
@@ -697,7 +711,6 @@ void save_fresh(Opt& opt, const std::string& path) {
 std::string shard_name(const std::string& path, int generation, int r) {
   return path + ".g" + std::to_string(generation) + ".rank" + std::to_string(r) + "-of-" + std::to_string(ranks());
 }
-bool exists(const std::string& path) { return std::ifstream(path).good(); }
 
 // The file with one payload byte flipped, written to `out`.
 void damage(const std::string& in_path, const std::string& out) {

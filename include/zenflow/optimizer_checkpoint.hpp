@@ -188,8 +188,13 @@ struct optimizer_checkpoint {
   // if any file could not be written, and <path> keeps naming the previous set. The optimizer
   // has finished any host update in flight.
   static void save(Opt& o, const std::string& path) {
-    if constexpr (Opt::data_parallel) save_set(o, path);
-    else write(o, path, nullptr);
+    if constexpr (Opt::data_parallel) {
+      save_set(o, path);
+    } else {
+      write(o, path, nullptr);
+      // a sharded set that <path> named before is no longer named by anything: its shards go
+      for (const shard_file& f : shard_files(dir_of(path), base_of(path))) std::remove(f.path.c_str());
+    }
   }
 
   static void save_set(Opt& o, const std::string& path) {
