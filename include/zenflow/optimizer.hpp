@@ -550,13 +550,14 @@ class optimizer {
   // reduce_round() elements widened to fp32 into reduce_buf_, reduced, and written back rounded
   // to their dtype (nearest even). The reduction is element by element, so the rounds do not
   // change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
-  // non-finite on every rank, so every rank skips the step. (On the host space by the host kernels, on a device space by its
-  // convert(): the same bits.)
+  // non-finite on every rank, so every rank skips the step. (On the host space by the host
+  // kernels in the space's own arena — device-side work, never queued behind a host update
+  // running in the accumulator's — on a device space by its convert(): the same bits.)
   void all_reduce_gradients(std::size_t first) {
     float* buf = reduce_buf_.data();
     const std::size_t round = reduce_buf_.size();
     auto convert = [&](const void* src, dtype st, void* dst, dtype dt, std::size_t n) {
-      if constexpr (std::is_base_of_v<host_space, Space>) host::convert(host_.arena(), {src, st, dst, dt}, n);
+      if constexpr (std::is_base_of_v<host_space, Space>) host::convert(space_.arena(), {src, st, dst, dt}, n);
       else space_.convert(src, st, dst, dt, n);
     };
     std::size_t fill = 0;  // elements of this round in buf
@@ -686,8 +687,8 @@ class optimizer {
       if (widen) space_.convert_lines(g + first * es, p.grad_type, stride, f, dtype::f32, len, lines, len);
       else space_.convert_lines(f, dtype::f32, len, g + first * es, p.grad_type, stride, lines, len);
     } else if (lines == 1 || len == stride) {  // one run: the vectorised conversion
-      if (widen) host::convert(host_.arena(), {g + first * es, p.grad_type, f, dtype::f32}, lines * len);
-      else host::convert(host_.arena(), {f, dtype::f32, g + first * es, p.grad_type}, lines * len);
+      if (widen) host::convert(space_.arena(), {g + first * es, p.grad_type, f, dtype::f32}, lines * len);
+      else host::convert(space_.arena(), {f, dtype::f32, g + first * es, p.grad_type}, lines * len);
     } else {
       visit_dtype(p.grad_type, [&](auto gtag) {
         using G = typename decltype(gtag)::type;
