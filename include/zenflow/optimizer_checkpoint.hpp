@@ -111,12 +111,11 @@ struct optimizer_checkpoint {
   }
   // The regular files dir/base.gN.rankR-of-M (R, M: digits; none if the directory cannot be
   // listed), and the temporary files of such shards (a save killed while writing them left
-  // them: .tmp.<pid>.<n> after the name; `temporary`).
+  // them: .tmp.<pid>.<n> after the name).
   struct shard_file {
     std::uint64_t generation;
     std::uint64_t rank;
     std::string path;
-    bool temporary = false;
   };
   static std::vector<shard_file> shard_files(const std::string& dir, const std::string& base) {
     std::vector<shard_file> out;
@@ -139,8 +138,7 @@ struct optimizer_checkpoint {
       if (!number(name, k, r) || name.compare(k, 4, "-of-") != 0) continue;
       k += 4;
       if (!number(name, k, m)) continue;
-      const bool tmp = k != name.size();
-      if (tmp) {  // .tmp.<digits>.<digits>, exactly
+      if (k != name.size()) {  // a temporary file: .tmp.<digits>.<digits>, exactly
         std::uint64_t x = 0;
         if (name.compare(k, 5, ".tmp.") != 0) continue;
         k += 5;
@@ -149,7 +147,7 @@ struct optimizer_checkpoint {
         if (!number(name, k, x) || k != name.size()) continue;
       }
       if (!it->is_regular_file(ec)) continue;
-      out.push_back({g, r, dir + name, tmp});
+      out.push_back({g, r, dir + name});
     }
     return out;
   }
