@@ -667,6 +667,66 @@ TEST_CASE("data parallel: after step() the grad buffers hold the reduced gradien
   }
 }
 
+TEST_CASE("data parallel: host memory per rank is about 1/R of one process's, for a small model too") {
+  // Four 1024 x 1024 matrices (bf16 params and grads): 2^22 elements, 64 MiB of host state in one
+  // process (16 bytes an element: master, m, v, one accumulator). A rank holds 1/R of that state
+  // (its blocks' columns), and for the reduction a round's fp32 buffer plus the communicator's
+  // receive buffer of about a round (8 bytes a round element); the round is n / 4R here (at
+  // least 2^18 elements: n / 4R = 2^18 at R = 4), i.e. 2 bytes an element / R, an eighth of the
+  // sharded state. Then the gather space: at most one matrix's bf16 params (2 MiB), whatever R.
+  // So per rank at most (1 + 1/8) / R of one process's, plus 2 MiB, plus a few columns of
+  // rounding (bounded by another 1/8 / R). With a fixed round of min(n, 2^24) elements the buffers
+  // alone would be 32 MiB a rank — more than half of one process's — and this would fail at R >= 2.
+  constexpr std::size_t dim = 1024, nmat = 4;
+  config cfg;
+  cfg.topk_ratio = 0.1;
+  cfg.update_interval = interval::every(2);
+  cfg.select_interval = interval::every(4);
+  cfg.overlap_step = false;
+  cfg.host_threads = 1;
+  std::vector<std::vector<bfloat16>> w(nmat, std::vector<bfloat16>(dim * dim)), g(nmat, std::vector<bfloat16>(dim * dim));
+  std::vector<std::vector<bfloat16>> rw = w;
+  for (std::size_t k = 0; k < nmat; ++k)
+    for (std::size_t e = 0; e < dim * dim; ++e) {
+      w[k][e] = rw[k][e] = bfloat16(0.01f * float((e * 7 + k) % 13) - 0.06f);
+      g[k][e] = bfloat16(0.001f * float((e * 5 + k * 3) % 17) - 0.008f);
+    }
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  optimizer<> ref(cfg);
+  for (std::size_t k = 0; k < nmat; ++k) {
+    opt.add_matrix(matrix(w[k].data(), g[k].data(), rows{dim}, cols{dim}).dtypes(dtype::bf16, dtype::bf16));
+    ref.add_matrix(matrix(rw[k].data(), g[k].data(), rows{dim}, cols{dim}).dtypes(dtype::bf16, dtype::bf16));
+  }
+  opt.initialize();
+  ref.initialize();
+  // through a selection and two boundaries, so every buffer has been used (the gather space is
+  // made at the first boundary, the communicator's at the first reduction); the gradients are
+  // the same on every rank, so the reduced (mean) gradient is each rank's own and the trainer's
+  // buffers need no reset between the two optimizers
+  for (int s = 0; s < 4; ++s) {
+    REQUIRE_FALSE(opt.step().skipped);
+    REQUIRE_FALSE(ref.step().skipped);
+  }
+  const double one = double(ref.stats().host_pageable_bytes), mine = double(opt.stats().host_pageable_bytes);
+  const double R = double(ranks());
+  CAPTURE(one);
+  CAPTURE(mine);
+  CHECK(one >= 16.0 * double(nmat * dim * dim));  // (the state the bound is argued from)
+  if (ranks() == 1) {  // one rank reduces nothing: no reduction buffers (32 MiB with them)
+    CHECK(mine >= one);
+    CHECK(mine <= one + 2.0 * double(dim * dim));
+  } else {
+    CHECK(mine <= (1.0 + 0.25) / R * one + 2.0 * double(dim * dim));
+  }
+  // (and the training is the one process's: every rank's gradient is the same, so the mean is it,
+  // exactly — 2x, 3x, 4x of a bf16 value are exact in fp32, and so is their division by R)
+  std::vector<unsigned char> a(2 * dim * dim), b(2 * dim * dim);
+  opt.copy_params_synchronized(matrix_id{0}, a.data());
+  ref.copy_params_synchronized(matrix_id{0}, b.data());
+  CHECK(a == b);
+  CHECK(same_everywhere(fnv(a)));
+}
+
 TEST_CASE("data parallel: R ranks resume from the checkpoint of one process") {
   // Rank 0 alone, as a plain one-process optimizer, takes k steps of the reduced gradient and
   // saves; then every rank loads that file, each keeping its own blocks, and trains on.

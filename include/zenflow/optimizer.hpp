@@ -837,6 +837,21 @@ class optimizer {
 
   // Elements a reduction round holds at most: the communicator's choice (reduce_round), else
   // 2^24 (a 64 MiB fp32 buffer, whatever the model's size).
+  //
+  // The round build() uses for n elements over R ranks: a quarter of a rank's share (n / 4R),
+  // at least 2^18 elements (1 MiB of fp32: rounds of a few messages of at least a few KiB
+  // each), at most reduce_round(), never more than n. The rank keeps 4 bytes a round element
+  // (the buffer) plus the communicator's receive buffer, about as much again: 8 bytes x n / 4R
+  // = 2 bytes a parameter / R, an eighth of the 16 bytes a parameter / R of its sharded host
+  // state — so host memory per rank stays about 1/R of one process's for a small model too
+  // (with a fixed round of up to 2^24 elements, the buffers ate what sharding saved below a few
+  // tens of millions of parameters). A step makes about 4R rounds until a round reaches
+  // reduce_round() (past 2^24 x 4R elements: the fixed buffers are negligible next to the state
+  // there), at most n / 2^18 below it. The rounds change no bit.
+  static constexpr std::size_t reduce_round_for(std::size_t n, std::size_t R) {
+    const std::size_t share = (n + 4 * R - 1) / (4 * R);
+    return std::min({n, reduce_round(), std::max(share, std::size_t(1) << 18)});
+  }
   static constexpr std::size_t reduce_round() {
     if constexpr (requires { Communicator::reduce_round; }) {
       static_assert(Communicator::reduce_round > 0, "zenflow: a Communicator's reduce_round must be positive");
@@ -1169,7 +1184,7 @@ class optimizer {
       std::size_t n = 0;
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
-      reduce_buf_ = typename Space::template buffer<float>(std::min(n, reduce_round()));
+      reduce_buf_ = typename Space::template buffer<float>(reduce_round_for(n, std::size_t(comm_.size())));
     }
     space_.fence();
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
