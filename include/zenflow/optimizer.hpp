@@ -973,6 +973,7 @@ class optimizer {
     return std::isfinite(s) && s > 0 && std::isfinite(float(1.0 / double(s)));
   }
   static void check_grad_scale(float s) {
+    if (grad_scale_ok(s)) return;
     if (!(std::isfinite(s) && s > 0)) fail("grad_scale must be finite and > 0, got " + detail::exact(s));
     if (!std::isfinite(float(1.0 / double(s))))
       fail("grad_scale " + detail::exact(s) + " is too small: 1 / grad_scale overflows fp32");
@@ -985,21 +986,22 @@ class optimizer {
   // changed — instead of the others waiting in a collective that rank never joins, or the
   // states drifting apart. The rank at fault throws its own error. (A background job that fails
   // after this point still surfaces on its rank alone, later in the step: see the README.)
+  struct step_vote {
+    float scale;
+    std::uint32_t cannot;  // 1: a step failed midway; 2: a background job's error waits
+  };
+  static_assert(sizeof(step_vote) == 8);
   void agree_to_step(float grad_scale) {
-    struct vote {
-      float scale;
-      std::uint32_t cannot;  // 1: a step failed midway; 2: a background job's error waits
-    };
-    static_assert(sizeof(vote) == 8);
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
-    std::vector<vote> votes(R, vote{0.0f, 0});
+    auto& votes = votes_;  // (members: sized once, no allocation a step)
+    votes.assign(R, step_vote{0.0f, 0});
     votes[me].scale = grad_scale;
     if (!broken_.empty()) votes[me].cannot = 1;
     else if constexpr (requires { scheduler_.failed(); })
       if (scheduler_.failed()) votes[me].cannot = 2;
-    std::vector<std::size_t> bytes(R, sizeof(vote));
-    all_gather_host(votes.data(), bytes.data());
-    shared_ += std::uint64_t(R - 1) * sizeof(vote);
+    vote_bytes_.assign(R, sizeof(step_vote));
+    all_gather_host(votes.data(), vote_bytes_.data());
+    shared_ += std::uint64_t(R - 1) * sizeof(step_vote);
     for (std::size_t r = 0; r < R; ++r) {
       if (!votes[r].cannot) continue;
       if (r == me) {
@@ -2046,6 +2048,8 @@ class optimizer {
   [[no_unique_address]] Communicator comm_;
   // data parallel: every gradient, as fp32, for the reduction (the space's device memory)
   typename Space::template buffer<float> reduce_buf_;
+  std::vector<step_vote> votes_;  // agree_to_step's, a rank each
+  std::vector<std::size_t> vote_bytes_;
   struct reduce_piece {
     std::size_t tensor, first, len;  // elements [first, first + len) of grad buffer `tensor`
   };
