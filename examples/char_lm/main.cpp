@@ -48,7 +48,8 @@ ZeRO-Offload each fine-tune it on another, from the same weights on the same bat
   --threads T          threads for the model and for zenflow's host arena (default 2)
   --seed S             initialisation and batch order (default 1)
   --seeds LIST         --ablation: comma-separated seeds (default 1,2,3,4)
-  --eval-every N       a point of the loss curves every N steps (default 20)
+  --eval-every N       a point of the loss curves every N steps (default 20; --ablation: the
+                       whole run, so its final_train is the mean over every step)
   --out DIR            where the CSV and SVG go (default char_lm_out)
   --data-parallel      run under mpirun: every rank trains on its own batches and the optimizers
                        reduce the gradients (mean; global batch = ranks x --batch); rank 0
@@ -233,7 +234,10 @@ void write_ablation_json(const std::string& path, const char_lm::options& o, con
   f << "{\n  \"benchmark\": \"char_lm_ablation\",\n  \"settings\": {\"pretrain_steps\": " << o.pretrain_steps
     << ", \"steps\": " << o.steps << ", \"hidden\": " << o.hidden << ", \"context\": " << o.context
     << ", \"embed\": " << o.embed << ", \"batch\": " << o.batch << ", \"lr\": " << o.lr << ", \"topk\": " << o.topk
-    << ", \"update_interval\": " << o.update_interval << ", \"threads\": " << o.threads << "},\n  \"runs\": [\n";
+    << ", \"update_interval\": " << o.update_interval << ", \"threads\": " << o.threads
+    // final_train is the mean batch loss of the last train_window steps (--eval-every; the whole
+    // run unless given), not a fixed last-20-step figure
+    << ", \"train_window\": " << o.eval_every << "},\n  \"runs\": [\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     f << "    {\"variant\": \"" << json_escape(r.variant) << "\", \"seed\": " << r.seed
