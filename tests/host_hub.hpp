@@ -1,0 +1,129 @@
+// R data-parallel ranks as threads of one process, without MPI: hub_communicator is a host-space
+// Communicator whose collectives meet in shared memory under a barrier, with the communicator
+// contract's arithmetic (the rank-order fp32 sum of communicator.hpp, detail::reduce_in_rank_order)
+// and mpi_communicator's byte count for an all-reduce. It has no reduce_scatter, so an optimizer
+// over it all-reduces the gradients; its host state is sharded as over MPI. Used where MPI is not
+// at hand: the checkpoint fuzzer's seed writer (sharded sets of 2 and 3 ranks).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+namespace zf_test {
+
+class thread_hub {
+ public:
+  explicit thread_hub(int ranks) : R(ranks), slots(static_cast<std::size_t>(ranks)) {
+    if (ranks < 1) throw std::invalid_argument("thread_hub: ranks must be >= 1");
+  }
+  const int R;
+  std::vector<std::vector<unsigned char>> slots;  // each rank's contribution to the collective
+
+  // Every rank waits here until all have arrived; throws once a rank has failed (abort()).
+  void barrier() {
+    std::unique_lock lock(mu_);
+    if (aborted_) throw std::runtime_error("thread_hub: another rank failed");
+    const std::uint64_t g = gen_;
+    if (++arrived_ == R) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != g || aborted_; });
+    if (gen_ == g) throw std::runtime_error("thread_hub: another rank failed");
+  }
+  void abort() {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::uint64_t gen_ = 0;
+  bool aborted_ = false;
+};
+
+class hub_communicator {
+ public:
+  using space = zenflow::host_space;
+  hub_communicator(thread_hub& h, int rank) : h_(&h), rank_(rank) {}
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return h_->R; }
+  std::uint64_t bytes_sent() const noexcept { return sent_; }
+
+  void reduce(float* data, std::size_t n, zenflow::reduce_op op) {
+    const std::size_t R = std::size_t(h_->R);
+    if (R == 1 || n == 0) return;
+    auto& mine = h_->slots[std::size_t(rank_)];
+    mine.resize(4 * n);
+    std::memcpy(mine.data(), data, 4 * n);
+    h_->barrier();
+    std::vector<float> pieces(R * n);
+    for (std::size_t r = 0; r < R; ++r) std::memcpy(pieces.data() + r * n, h_->slots[r].data(), 4 * n);
+    h_->barrier();  // (every rank has read every slot before any writes its next one)
+    zenflow::detail::reduce_in_rank_order(pieces.data(), n, h_->R, op, data);
+    const std::size_t m = zenflow::detail::shard_begin(n, h_->R, rank_ + 1) - zenflow::detail::shard_begin(n, h_->R, rank_);
+    sent_ += ((n - m) + m * (R - 1)) * sizeof(float);
+  }
+  void all_gather(void* data, const std::size_t* bytes) {
+    const std::size_t R = std::size_t(h_->R), me = std::size_t(rank_);
+    if (R == 1) return;
+    std::vector<std::size_t> at(R + 1, 0);
+    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + bytes[r];
+    auto* d = static_cast<unsigned char*>(data);
+    h_->slots[me].assign(d + at[me], d + at[me + 1]);
+    h_->barrier();
+    for (std::size_t r = 0; r < R; ++r)
+      if (r != me && bytes[r]) std::memcpy(d + at[r], h_->slots[r].data(), bytes[r]);
+    h_->barrier();
+  }
+  bool all_agree(bool ok) {
+    h_->slots[std::size_t(rank_)].assign(1, ok ? 1 : 0);
+    h_->barrier();
+    bool all = true;
+    for (const auto& x : h_->slots) all = all && x[0] != 0;
+    h_->barrier();
+    return all;
+  }
+
+ private:
+  thread_hub* h_;
+  int rank_;
+  std::uint64_t sent_ = 0;
+};
+static_assert(zenflow::communicator_policy<hub_communicator>);
+
+// Runs body(rank) on R threads; if one throws, the others are released from the hub's barriers
+// and the lowest rank's error is rethrown here.
+inline void on_ranks(thread_hub& hub, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(std::size_t(hub.R));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < hub.R; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[std::size_t(r)] = std::current_exception();
+        hub.abort();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace zf_test
