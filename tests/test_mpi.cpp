@@ -668,15 +668,17 @@ TEST_CASE("data parallel: after step() the grad buffers hold the reduced gradien
 }
 
 TEST_CASE("data parallel: host memory per rank is about 1/R of one process's, for a small model too") {
-  // Four 1024 x 1024 matrices (bf16 params and grads): 2^22 elements, 64 MiB of host state in one
-  // process (16 bytes an element: master, m, v, one accumulator). A rank holds 1/R of that state
-  // (its blocks' columns), and for the reduction a round's fp32 buffer plus the communicator's
-  // receive buffer of about a round (8 bytes a round element); the round is n / 4R here (at
-  // least 2^18 elements: n / 4R = 2^18 at R = 4), i.e. 2 bytes an element / R, an eighth of the
-  // sharded state. Then the gather space: at most one matrix's bf16 params (2 MiB), whatever R.
-  // So per rank at most (1 + 1/8) / R of one process's, plus 2 MiB, plus a few columns of
-  // rounding (bounded by another 1/8 / R). With a fixed round of min(n, 2^24) elements the buffers
-  // alone would be 32 MiB a rank — more than half of one process's — and this would fail at R >= 2.
+  // Four 1024 x 1024 matrices (bf16 params and grads): n = 2^22 elements, 64 MiB of host state in
+  // one process (16 bytes an element: master, m, v, one accumulator). A rank holds 1/R of that
+  // state (its blocks' columns: at most one column more than 1/R of each matrix, a 1/64 part at
+  // R = 16; 1/8 is allowed). For the reduction it keeps a round's fp32 buffer and the
+  // communicator's receive buffer of the ranks' pieces, about a round, and its shard of the
+  // vectors' all-reduce (none here): 4 + 4 (1 + 1/R) bytes a round element, where the round, as
+  // documented, is n / 4R (between the floors and the cap: 2^20 elements at R = 1, 2^18 at
+  // R = 4) but at least 2^18 and R x 2^11 elements. Then the gather space, whatever R: at most one
+  // matrix's unselected columns' bf16 params (< 2 MiB) or every matrix's selected columns'
+  // gradients (< 1 MiB). With a fixed round of min(n, 2^24) elements the buffers alone would be
+  // 32 MiB a rank — more than half of one process's — and the bound fails at R >= 2.
   constexpr std::size_t dim = 1024, nmat = 4;
   config cfg;
   cfg.topk_ratio = 0.1;
@@ -712,11 +714,14 @@ TEST_CASE("data parallel: host memory per rank is about 1/R of one process's, fo
   CAPTURE(one);
   CAPTURE(mine);
   CHECK(one >= 16.0 * double(nmat * dim * dim));  // (the state the bound is argued from)
-  if (ranks() == 1) {  // one rank reduces nothing: no reduction buffers (32 MiB with them)
+  if (ranks() == 1) {  // one rank reduces nothing: no reduction buffers
     CHECK(mine >= one);
     CHECK(mine <= one + 2.0 * double(dim * dim));
   } else {
-    CHECK(mine <= (1.0 + 0.25) / R * one + 2.0 * double(dim * dim));
+    const std::size_t n = nmat * dim * dim, Rs = std::size_t(ranks());
+    const std::size_t round = std::min({n, std::size_t(1) << 24,
+                                        std::max({(n + 4 * Rs - 1) / (4 * Rs), std::size_t(1) << 18, Rs << 11})});
+    CHECK(mine <= (1.0 + 0.125) / R * one + (4.0 + 4.0 * (1.0 + 1.0 / R)) * double(round) + 2.0 * double(dim * dim));
   }
   // (and the training is the one process's: every rank's gradient is the same, so the mean is it,
   // exactly — 2x, 3x, 4x of a bf16 value are exact in fp32, and so is their division by R)
@@ -1213,6 +1218,29 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
     dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
     m.add_to(opt);
     CHECK(initialize_error(opt).first.empty());
+  }
+  {  // a communicator that would cut the reduction into other rounds (a rank built with another
+     // communicator type): its collectives would meet the others' with other sizes, so every rank
+     // refuses, naming both rounds
+    std::string what;
+    model m;
+    if (odd) {
+      optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+                short_round_mpi>
+          opt(base, short_round_mpi(MPI_COMM_WORLD));
+      m.add_to(opt);
+      what = initialize_error(opt).first;
+    } else {
+      dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
+      m.add_to(opt);
+      what = initialize_error(opt).first;
+    }
+    if (ranks() == 1) {
+      CHECK(what.empty());
+    } else {
+      CHECK(what.find("reduce in rounds of at most 16 elements on " + them + ", 16777216 on rank 0") != std::string::npos);
+      CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
+    }
   }
   {  // a rank with nothing registered: it says so, the others that it failed
     model m;

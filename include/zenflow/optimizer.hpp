@@ -547,7 +547,7 @@ class optimizer {
   }
   // The grad buffers from tensor `first` on (matrices, then vectors, in registration order),
   // taken as one sequence of elements, reduced across the ranks a round at a time: at most
-  // reduce_round() elements widened to fp32 into reduce_buf_, reduced, and written back rounded
+  // reduce_buf_.size() elements (reduce_round_for) widened to fp32 into reduce_buf_, reduced, and written back rounded
   // to their dtype (nearest even). The reduction is element by element, so the rounds do not
   // change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
   // non-finite on every rank, so every rank skips the step. (On the host space by the host
@@ -835,23 +835,26 @@ class optimizer {
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   }
 
-  // Elements a reduction round holds at most: the communicator's choice (reduce_round), else
-  // 2^24 (a 64 MiB fp32 buffer, whatever the model's size).
-  //
-  // The round build() uses for n elements over R ranks: a quarter of a rank's share (n / 4R),
-  // at least 2^18 elements (1 MiB of fp32: rounds of a few messages of at least a few KiB
-  // each), at most reduce_round(), never more than n. The rank keeps 4 bytes a round element
-  // (the buffer) plus the communicator's receive buffer, about as much again: 8 bytes x n / 4R
-  // = 2 bytes a parameter / R, an eighth of the 16 bytes a parameter / R of its sharded host
-  // state — so host memory per rank stays about 1/R of one process's for a small model too
-  // (with a fixed round of up to 2^24 elements, the buffers ate what sharding saved below a few
-  // tens of millions of parameters). A step makes about 4R rounds until a round reaches
-  // reduce_round() (past 2^24 x 4R elements: the fixed buffers are negligible next to the state
-  // there), at most n / 2^18 below it. The rounds change no bit.
+  // The elements of a reduction round, for n elements over R ranks (build() sizes reduce_buf_
+  // with it): a quarter of a rank's share, n / 4R, but at least 2^18 elements (1 MiB of fp32)
+  // and at least R x 2^11 (so that a round's piece for each peer is about 8 KiB or more: the
+  // rounds are all-to-alls), at most reduce_round(), never more than n. The rank keeps 4 bytes a
+  // round element (the buffer) plus the communicator's receive buffer of about as much: between
+  // the floors and the cap, 8 bytes x n / 4R = 2 bytes a parameter / R, an eighth of the 16
+  // bytes a parameter / R of its sharded host state — so host memory per rank stays about 1/R of
+  // one process's for a small model too (a fixed round of up to 2^24 elements ate what sharding
+  // saved below a few tens of millions of parameters). The price is the number of rounds, each a
+  // collective: about 4R a step between the floors and the cap, n / floor below the floors, n /
+  // cap above the cap (past 2^24 x 4R elements, where the fixed buffers are small next to the
+  // state). The rounds change no bit. Every rank computes the same round (n and R are compared
+  // by initialize(), reduce_round() too).
   static constexpr std::size_t reduce_round_for(std::size_t n, std::size_t R) {
     const std::size_t share = (n + 4 * R - 1) / (4 * R);
-    return std::min({n, reduce_round(), std::max(share, std::size_t(1) << 18)});
+    const std::size_t floor_ = std::max(std::size_t(1) << 18, R << 11);
+    return std::min({n, reduce_round(), std::max(share, floor_)});
   }
+  // The most elements a reduction round holds: the communicator's choice (reduce_round, which
+  // replaces the default as the cap, and wins over the floors), else 2^24 (a 64 MiB fp32 buffer).
   static constexpr std::size_t reduce_round() {
     if constexpr (requires { Communicator::reduce_round; }) {
       static_assert(Communicator::reduce_round > 0, "zenflow: a Communicator's reduce_round must be positive");
@@ -1276,6 +1279,12 @@ class optimizer {
     for (const auto& l : own_unselected_) b += heap(l.capacity() * 4);
     for (const piece_batch* pb : {&stats_out_, &stats_in_})
       b += heap(pb->pieces.capacity() * sizeof(copy_piece)) + heap(pb->last.capacity() * sizeof(copy_piece));
+    // and the collectives' small tables: the step's vote, counts a rank, a round's pieces
+    for (std::size_t x : {votes_.capacity() * sizeof(step_vote), vote_bytes_.capacity() * sizeof(std::size_t),
+                          counts_.capacity() * sizeof(std::size_t), scatter_counts_.capacity() * sizeof(std::size_t),
+                          reduce_pieces_.capacity() * sizeof(reduce_piece),
+                          scatter_items_.capacity() * sizeof(scatter_item)})
+      b += heap(x);
     if constexpr (requires { updater_.records_bytes(); }) b += updater_.records_bytes();
     if constexpr (requires { host_.records_bytes(); }) b += host_.records_bytes();
     return b;
@@ -1399,13 +1408,15 @@ class optimizer {
       tensors.put(p.lr_scale);
       tensors.put(p.weight_decay_scale);
     }
-    const std::size_t csize = conf.data().size(), per = csize + 24;
+    const std::size_t csize = conf.data().size(), per = csize + 32;
     std::vector<unsigned char> all(per * R);
     {
       unsigned char* at = all.data() + per * me;
       std::memcpy(at, conf.data().data(), csize);
-      const std::uint64_t tail[3] = {matrices_.size(), vectors_.size(),
-                                     ckpt::fnv1a64(tensors.data().data(), tensors.data().size())};
+      // (and the communicator's largest round: a build whose communicator differs would cut the
+      // reduction into other rounds and meet the others' collectives with other sizes)
+      const std::uint64_t tail[4] = {matrices_.size(), vectors_.size(),
+                                     ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round()};
       std::memcpy(at + csize, tail, sizeof tail);
     }
     counts_.assign(R, per);
@@ -1430,10 +1441,14 @@ class optimizer {
       throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
                          "); every rank needs the same config, host_threads aside");
     }
-    std::uint64_t tail[2][3];
+    std::uint64_t tail[2][4];
     if (odd) {
       std::memcpy(tail[0], rank_bytes(0) + csize, sizeof tail[0]);
       std::memcpy(tail[1], rank_bytes(odd) + csize, sizeof tail[1]);
+      if (tail[0][3] != tail[1][3])
+        fail("initialize(): the ranks' communicators reduce in rounds of at most " + std::to_string(tail[1][3]) +
+             " elements on " + them + ", " + std::to_string(tail[0][3]) +
+             " on rank 0 (reduce_round); every rank needs the same communicator type");
       if (tail[0][0] != tail[1][0] || tail[0][1] != tail[1][1])
         fail("initialize(): the ranks registered different tensors: " + them + " " + std::to_string(tail[1][0]) +
              " matrices and " + std::to_string(tail[1][1]) + " vectors, rank 0 " + std::to_string(tail[0][0]) +
@@ -2046,7 +2061,8 @@ class optimizer {
   Transport transport_{};
   Scheduler scheduler_{};
   [[no_unique_address]] Communicator comm_;
-  // data parallel: every gradient, as fp32, for the reduction (the space's device memory)
+  // data parallel: a round of the gradients as fp32, for the reduction (the space's device memory;
+  // reduce_round_for elements)
   typename Space::template buffer<float> reduce_buf_;
   std::vector<step_vote> votes_;  // agree_to_step's, a rank each
   std::vector<std::size_t> vote_bytes_;
