@@ -73,7 +73,7 @@ class nccl_communicator {
   }
   nccl_communicator(nccl_communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, nullptr)), stream_(o.stream_), rank_(o.rank_), size_(o.size_), sent_(o.sent_),
-        pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)) {}
+        pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)), at_(std::move(o.at_)) {}
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator& operator=(nccl_communicator&&) = delete;
@@ -94,7 +94,8 @@ class nccl_communicator {
   void reduce(float* data, std::size_t n, reduce_op op) {
     if (n == 0) return;
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
-    std::vector<std::size_t> at(R + 1);
+    auto& at = at_;  // (a member: no allocation a call, and a step makes about 4R of them)
+    at.resize(R + 1);
     for (std::size_t r = 0; r <= R; ++r) at[r] = detail::shard_begin(n, size_, int(r));
     const std::size_t m = at[me + 1] - at[me];
     float* pieces = pieces_for(m * R);
@@ -114,7 +115,8 @@ class nccl_communicator {
   // See communicator_policy (the optional member); data is device memory. Enqueued on the stream.
   void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
-    std::vector<std::size_t> at(R + 1, 0);
+    auto& at = at_;
+    at.assign(R + 1, 0);
     for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
     const std::size_t m = counts[me];
     if (at[R] == 0) return;
@@ -132,7 +134,8 @@ class nccl_communicator {
   // See communicator_policy; data is device memory, in place. Enqueued on the stream.
   void all_gather(void* data, const std::size_t* bytes) {
     const std::size_t R = std::size_t(size_);
-    std::vector<std::size_t> at(R + 1, 0);
+    auto& at = at_;
+    at.assign(R + 1, 0);
     for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + bytes[r];
     broadcast_blocks(static_cast<unsigned char*>(data), at.data(), ncclUint8);
   }
@@ -194,6 +197,7 @@ class nccl_communicator {
   std::uint64_t sent_ = 0;
   device_array<float> pieces_;  // the ranks' pieces of my shard
   device_array<int> flag_;      // all_agree's vote
+  std::vector<std::size_t> at_;  // where each rank's block starts, in the call at hand
 };
 
 static_assert(communicator_policy<nccl_communicator>);
