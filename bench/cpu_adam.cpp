@@ -18,6 +18,8 @@
 
 #include <zenflow/zenflow.hpp>
 
+#include "machine.hpp"
+
 using namespace zenflow;
 using namespace zenflow::host;
 
@@ -138,6 +140,7 @@ int main(int argc, char** argv) try {
     }
   }
   const kernel_table& k = kernels(tier);
+  const std::string cpu = zf_bench::cpu_model();
   const std::size_t max_threads = *std::max_element(threads.begin(), threads.end());
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, max_threads);
 
@@ -161,8 +164,8 @@ int main(int argc, char** argv) try {
         const double gb = c.bytes_per_elem * double(n) / 1e9;
         std::printf(
             "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
-            "\"roofline_gbps\":%.4g,\"ratio\":%.4f,\"isa\":\"%s\",\"reps\":%d}\n",
-            c.name, n, t, sk, gb / sk, gb / sr, sr / sk, std::string(name_of(tier)).c_str(), reps);
+            "\"roofline_gbps\":%.4g,\"ratio\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
+            c.name, n, t, sk, gb / sk, gb / sr, sr / sk, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
         std::fflush(stdout);
       }
     }

@@ -24,22 +24,9 @@
 #include <zenflow/mpi.hpp>
 #include <zenflow/zenflow.hpp>
 
-using namespace zenflow;
+#include "machine.hpp"
 
-// The machine, for the record: the CPU's model name (Linux's /proc/cpuinfo; "" elsewhere).
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) {
-      const std::size_t colon = line.find(':');
-      std::string name = colon == std::string::npos ? "" : line.substr(colon + 1);
-      name.erase(0, name.find_first_not_of(' '));
-      for (char& c : name)
-        if (c == '"' || c == '\\') c = ' ';
-      return name;
-    }
-  return "";
-}
+using namespace zenflow;
 
 template <class Comm>
 void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, unsigned threads) {
@@ -99,7 +86,7 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
                                "median_step_s",          "reduce_s_per_step",     "communicator_bytes"};
       std::printf("{\"bench\":\"data_parallel\",\"cpu\":\"%s\",\"host_cores\":%u,\"reduction\":\"%s\",\"ranks\":%d,"
                   "\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u",
-                  cpu_model().c_str(), std::max(1u, std::thread::hardware_concurrency()), reduction, R,
+                  zf_bench::cpu_model().c_str(), std::max(1u, std::thread::hardware_concurrency()), reduction, R,
                   nmat * dim * dim + dim, steps, threads);
       for (int f = 0; f < nf; ++f) {
         std::printf(",\"%s\":[", names[f]);

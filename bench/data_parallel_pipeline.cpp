@@ -107,11 +107,11 @@ int main(int argc, char** argv) {
     const double model_bytes = double(shape.params) * 2;
     auto slowest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
     std::printf("{\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
-                "model), a device per rank\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
+                "model), a device per rank\",\"cpu\":\"%s\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
                 "\"model_bytes\":%.0f,\"topk_ratio\":0.1,\"update_interval\":4,\"link_gbps\":25,"
                 "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g,"
                 "\"upload_ahead\":%s",
-                R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
+                zf_bench::cpu_model().c_str(), R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
                 compute, frac, ahead ? "true" : "false");
     print_array("zenflow_step_s", zf_step);
     print_array("zenflow_stall_s", zf_stall);

@@ -18,6 +18,8 @@
 
 #include <zenflow/zenflow.hpp>
 
+#include "machine.hpp"
+
 namespace {
 
 using clk = std::chrono::steady_clock;
@@ -84,10 +86,10 @@ void run(const char* layout, const options& o) {
   std::printf(
       "{\"bench\":\"many_tensors\",\"layout\":\"%s\",\"tensors\":%zu,\"params\":%zu,\"threads\":%zu,"
       "\"register_s\":%.6f,\"initialize_s\":%.6f,\"step_median_s\":%.6f,\"steps\":%zu,"
-      "\"stats_bytes\":%llu,\"rss_growth_bytes\":%llu,\"stats_over_rss\":%.4f}\n",
+      "\"stats_bytes\":%llu,\"rss_growth_bytes\":%llu,\"stats_over_rss\":%.4f,\"cpu\":\"%s\"}\n",
       layout, many ? o.tensors : std::size_t(2), total_m + total_v, o.threads, seconds(t0, t1), seconds(t1, t2),
       step_s[step_s.size() / 2], o.steps, (unsigned long long)counted, (unsigned long long)(rss1 - rss0),
-      rss1 > rss0 ? double(counted) / double(rss1 - rss0) : 0.0);
+      rss1 > rss0 ? double(counted) / double(rss1 - rss0) : 0.0, zf_bench::cpu_model().c_str());
   std::fflush(stdout);
 }
 
