@@ -1,9 +1,11 @@
 // R data-parallel ranks as threads of one process, without MPI: hub_communicator is a host-space
 // Communicator whose collectives meet in shared memory under a barrier, with the communicator
 // contract's arithmetic (the rank-order fp32 sum of communicator.hpp, detail::reduce_in_rank_order)
-// and mpi_communicator's byte count for an all-reduce. It has no reduce_scatter, so an optimizer
-// over it all-reduces the gradients; its host state is sharded as over MPI. Used where MPI is not
-// at hand: the checkpoint fuzzer's seed writer (sharded sets of 2 and 3 ranks).
+// and mpi_communicator's byte counts; with reduce_scatter (the optimizer then reduce-scatters the
+// matrices' gradients by column blocks), hub_allreduce_communicator without. Used where MPI is not
+// at hand or not wanted: the checkpoint fuzzer's seed writer (sharded sets of 2 and 3 ranks), and
+// test_data_parallel_threads, which runs the data-parallel path in one process — so also under
+// ThreadSanitizer, which cannot follow MPI.
 #pragma once
 
 #include <condition_variable>
@@ -79,6 +81,24 @@ class hub_communicator {
     const std::size_t m = zenflow::detail::shard_begin(n, h_->R, rank_ + 1) - zenflow::detail::shard_begin(n, h_->R, rank_);
     sent_ += ((n - m) + m * (R - 1)) * sizeof(float);
   }
+  // (the optional member) data holds R segments, rank r's of counts[r] elements; this rank's
+  // gets the rank-order reduction of every rank's segment at its place
+  void reduce_scatter(float* data, const std::size_t* counts, zenflow::reduce_op op) {
+    const std::size_t R = std::size_t(h_->R), me = std::size_t(rank_);
+    if (R == 1) return;
+    std::vector<std::size_t> at(R + 1, 0);
+    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
+    auto& mine = h_->slots[me];
+    mine.resize(4 * at[R]);
+    if (at[R]) std::memcpy(mine.data(), data, 4 * at[R]);
+    h_->barrier();
+    const std::size_t m = counts[me];
+    std::vector<float> pieces(R * m);
+    for (std::size_t r = 0; r < R && m; ++r) std::memcpy(pieces.data() + r * m, h_->slots[r].data() + 4 * at[me], 4 * m);
+    h_->barrier();
+    if (m) zenflow::detail::reduce_in_rank_order(pieces.data(), m, h_->R, op, data + at[me]);
+    sent_ += (at[R] - m) * sizeof(float);
+  }
   void all_gather(void* data, const std::size_t* bytes) {
     const std::size_t R = std::size_t(h_->R), me = std::size_t(rank_);
     if (R == 1) return;
@@ -106,6 +126,10 @@ class hub_communicator {
   std::uint64_t sent_ = 0;
 };
 static_assert(zenflow::communicator_policy<hub_communicator>);
+struct hub_allreduce_communicator : hub_communicator {
+  using hub_communicator::hub_communicator;
+  void reduce_scatter(float*, const std::size_t*, zenflow::reduce_op) = delete;
+};
 
 // Runs body(rank) on R threads; if one throws, the others are released from the hub's barriers
 // and the lowest rank's error is rethrown here.

@@ -35,6 +35,7 @@
 #include <zenflow/zenflow.hpp>
 
 #include "compaction_support.hpp"
+#include "data_parallel_model.hpp"
 #include "data_parallel_support.hpp"
 
 using namespace zenflow;
@@ -53,25 +54,7 @@ int ranks() { return world(1); }
 // The three tensors of data_parallel_support.hpp, in host memory.
 using zf_dp_test::R0, zf_dp_test::C0, zf_dp_test::R1, zf_dp_test::C1, zf_dp_test::N2;
 using zf_dp_test::local;
-struct model {
-  std::vector<float> w0 = std::vector<float>(R0 * C0);
-  std::vector<bfloat16> g0 = std::vector<bfloat16>(R0 * C0);
-  std::vector<bfloat16> w1 = std::vector<bfloat16>(R1 * C1);
-  std::vector<float> g1 = std::vector<float>(R1 * C1);
-  std::vector<float> b2 = std::vector<float>(N2);
-  std::vector<float16> g2 = std::vector<float16>(N2);
-  model() {
-    for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = std::sin(float(i)) * 0.5f;
-    for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = bfloat16(std::cos(float(i)) * 0.5f);
-    for (std::size_t i = 0; i < b2.size(); ++i) b2[i] = 0.01f * float(i);
-  }
-  template <class Opt>
-  void add_to(Opt& opt) {
-    opt.add_matrix(matrix(w0.data(), g0.data(), rows{R0}, cols{C0}).dtypes(dtype::f32, dtype::bf16));
-    opt.add_matrix(matrix(w1.data(), g1.data(), rows{R1}, cols{C1}).row_major().dtypes(dtype::bf16, dtype::f32));
-    opt.add_vector(zenflow::vector(b2.data(), g2.data(), N2).dtypes(dtype::f32, dtype::f16));
-  }
-};
+using zf_dp_test::model;
 
 // Each rank's gradients, and the reduced gradient written out (data_parallel_support.hpp).
 struct gradient_source : zf_dp_test::gradient_source {
@@ -112,29 +95,7 @@ struct staged_mpi : mpi_communicator {
 using staged_optimizer = optimizer<staged_space, column_topk, fused_adamw<staged_space>, simd_accumulator, host_copy,
                                    bounded_async, staged_mpi>;
 
-// Params, masters and moments after a run, as bytes.
-template <class Opt>
-std::vector<unsigned char> state_of(Opt& opt, model& m) {
-  opt.synchronize();
-  std::vector<unsigned char> out;
-  auto add = [&](const void* p, std::size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    out.insert(out.end(), b, b + n);
-  };
-  add(m.w0.data(), 4 * m.w0.size());
-  add(m.w1.data(), 2 * m.w1.size());
-  add(m.b2.data(), 4 * m.b2.size());
-  for (std::size_t k = 0; k < 2; ++k) {
-    std::vector<float> x(k == 0 ? R0 * C0 : R1 * C1);
-    for (int what = 0; what < 3; ++what) {
-      if (what == 0) opt.copy_master(matrix_id{k}, x.data());
-      if (what == 1) opt.copy_exp_avg(matrix_id{k}, x.data());
-      if (what == 2) opt.copy_exp_avg_sq(matrix_id{k}, x.data());
-      add(x.data(), 4 * x.size());
-    }
-  }
-  return out;
-}
+using zf_dp_test::state_of;
 
 std::uint64_t fnv(const std::vector<unsigned char>& b) {
   std::uint64_t h = 1469598103934665603ull;

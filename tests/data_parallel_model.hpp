@@ -1,0 +1,62 @@
+// The host-space model of the data-parallel tests (test_mpi: ranks as MPI processes;
+// test_data_parallel_threads: ranks as threads): the three tensors of data_parallel_support.hpp in
+// host memory, and the optimizer state a run leaves, as bytes, to compare bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+#include "data_parallel_support.hpp"
+
+namespace zf_dp_test {
+
+struct model {
+  std::vector<float> w0 = std::vector<float>(R0 * C0);
+  std::vector<zenflow::bfloat16> g0 = std::vector<zenflow::bfloat16>(R0 * C0);
+  std::vector<zenflow::bfloat16> w1 = std::vector<zenflow::bfloat16>(R1 * C1);
+  std::vector<float> g1 = std::vector<float>(R1 * C1);
+  std::vector<float> b2 = std::vector<float>(N2);
+  std::vector<zenflow::float16> g2 = std::vector<zenflow::float16>(N2);
+  model() {
+    for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = std::sin(float(i)) * 0.5f;
+    for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = zenflow::bfloat16(std::cos(float(i)) * 0.5f);
+    for (std::size_t i = 0; i < b2.size(); ++i) b2[i] = 0.01f * float(i);
+  }
+  template <class Opt>
+  void add_to(Opt& opt) {
+    using zenflow::dtype, zenflow::rows, zenflow::cols;
+    opt.add_matrix(zenflow::matrix(w0.data(), g0.data(), rows{R0}, cols{C0}).dtypes(dtype::f32, dtype::bf16));
+    opt.add_matrix(zenflow::matrix(w1.data(), g1.data(), rows{R1}, cols{C1}).row_major().dtypes(dtype::bf16, dtype::f32));
+    opt.add_vector(zenflow::vector(b2.data(), g2.data(), N2).dtypes(dtype::f32, dtype::f16));
+  }
+};
+
+// Params, masters and moments after a run, as bytes (synchronize and the copies are collectives
+// with a multi-process communicator: every rank calls this).
+template <class Opt>
+std::vector<unsigned char> state_of(Opt& opt, model& m) {
+  opt.synchronize();
+  std::vector<unsigned char> out;
+  auto add = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  add(m.w0.data(), 4 * m.w0.size());
+  add(m.w1.data(), 2 * m.w1.size());
+  add(m.b2.data(), 4 * m.b2.size());
+  for (std::size_t k = 0; k < 2; ++k) {
+    std::vector<float> x(k == 0 ? R0 * C0 : R1 * C1);
+    for (int what = 0; what < 3; ++what) {
+      if (what == 0) opt.copy_master(zenflow::matrix_id{k}, x.data());
+      if (what == 1) opt.copy_exp_avg(zenflow::matrix_id{k}, x.data());
+      if (what == 2) opt.copy_exp_avg_sq(zenflow::matrix_id{k}, x.data());
+      add(x.data(), 4 * x.size());
+    }
+  }
+  return out;
+}
+
+}  // namespace zf_dp_test

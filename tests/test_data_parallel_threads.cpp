@@ -1,0 +1,179 @@
+// Data parallel with the ranks as threads of one process (host_hub.hpp: a host-space
+// Communicator over shared memory with the contract's rank-order fp32 sum), against the same
+// independent reference as test_mpi — one process fed the reduced gradient written out by
+// data_parallel_support.hpp — bit for bit on every rank: R = 1 to 4, the gradients
+// reduce-scattered and all-reduced, overlap on and off, mean and sum, a NaN on one rank, and a
+// set saved by 3 ranks resumed by 2 and by one process. test_mpi checks all of this and more over
+// MPI; this file runs in every build, the sanitizer runs included — ThreadSanitizer cannot follow
+// MPI, so here is where it sees the data-parallel path (each rank's background host update
+// against its training thread while the ranks meet in collectives).
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <zenflow/zenflow.hpp>
+
+#include "data_parallel_model.hpp"
+#include "data_parallel_support.hpp"
+#include "host_hub.hpp"
+
+using namespace zenflow;
+using namespace zf_dp_test;
+
+namespace {
+
+template <class Comm>
+using thread_optimizer =
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, Comm>;
+static_assert(thread_optimizer<zf_test::hub_communicator>::reduce_scatters &&
+              !thread_optimizer<zf_test::hub_allreduce_communicator>::reduce_scatters);
+
+// Selections at t = 1, 5, 9, 13; host updates every 2 steps (a boundary at 12 pending at the end
+// with overlap).
+config test_config(bool overlap, reduce_op op) {
+  config c;
+  c.topk_ratio = 0.25;
+  c.update_interval = interval::every(2);
+  c.select_interval = interval::every(4);
+  c.overlap_step = overlap;
+  c.adam.lr = 1e-2f;
+  c.host_threads = 1;
+  c.gradient_reduction = op;
+  return c;
+}
+
+// One process, steps [from, to) fed the reduced gradient of `ranks` ranks.
+void feed_reduced(optimizer<>& opt, model& m, const gradient_source& src, int ranks, reduce_op op, int from, int to,
+                  std::vector<bool>* skipped = nullptr) {
+  for (int s = from; s < to; ++s) {
+    src.fill_all(m, s, 0, ranks, op);
+    const bool sk = opt.step().skipped;
+    if (skipped) skipped->push_back(sk);
+  }
+}
+
+struct rank_out {
+  std::vector<unsigned char> state;
+  std::vector<bool> skipped;
+};
+
+// R ranks as threads, each writing its own gradient at steps [0, n); what each rank ends with.
+template <class Comm>
+std::vector<rank_out> threads_run(int R, const config& cfg, const gradient_source& src, int n) {
+  zf_test::thread_hub hub(R);
+  std::vector<rank_out> out(static_cast<std::size_t>(R));
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    thread_optimizer<Comm> opt(cfg, Comm(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    auto& o = out[static_cast<std::size_t>(r)];
+    for (int s = 0; s < n; ++s) {
+      src.fill_all(m, s, r, 0, cfg.gradient_reduction);
+      o.skipped.push_back(opt.step().skipped);
+    }
+    o.state = state_of(opt, m);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel, ranks as threads: R ranks equal one process fed the reduced gradient, bit for bit") {
+  const int steps = 13;
+  for (int R = 1; R <= 4; ++R)
+    for (reduce_op op : {reduce_op::mean, reduce_op::sum})
+      for (bool overlap : {false, true}) {
+        CAPTURE(R);
+        CAPTURE(int(op));
+        CAPTURE(overlap);
+        const config cfg = test_config(overlap, op);
+        gradient_source src;
+        if (R == 3 && overlap) {  // and a NaN on one rank: every rank skips that step
+          src.nan_rank = 1;
+          src.nan_step = 6;
+        }
+        model rm;
+        optimizer<> ref(cfg);
+        rm.add_to(ref);
+        ref.initialize();
+        std::vector<bool> ref_skipped;
+        feed_reduced(ref, rm, src, R, op, 0, steps, &ref_skipped);
+        const auto want = state_of(ref, rm);
+        if (src.nan_rank >= 0) REQUIRE(ref_skipped[std::size_t(src.nan_step)]);
+        const auto scattered = threads_run<zf_test::hub_communicator>(R, cfg, src, steps);
+        const auto all_reduced = threads_run<zf_test::hub_allreduce_communicator>(R, cfg, src, steps);
+        for (int r = 0; r < R; ++r) {
+          CAPTURE(r);
+          CHECK(scattered[std::size_t(r)].state == want);
+          CHECK(all_reduced[std::size_t(r)].state == want);
+          CHECK(scattered[std::size_t(r)].skipped == ref_skipped);
+          CHECK(all_reduced[std::size_t(r)].skipped == ref_skipped);
+        }
+      }
+}
+
+TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 ranks and in one process, bit-exact") {
+  // 3 ranks train steps [0, 6) and save; 2 ranks (and, separately, one process) load the set and
+  // train steps [6, 13) with 2 ranks' gradients. Reference: one process fed 3 ranks' reduced
+  // gradient, then 2 ranks'.
+  const int k = 6, n = 13;
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/threads_set.ckpt";
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const config cfg = test_config(overlap, reduce_op::mean);
+    const gradient_source src;
+    model rm;
+    optimizer<> ref(cfg);
+    rm.add_to(ref);
+    ref.initialize();
+    feed_reduced(ref, rm, src, 3, reduce_op::mean, 0, k);
+    feed_reduced(ref, rm, src, 2, reduce_op::mean, k, n);
+    const auto want = state_of(ref, rm);
+    {
+      zf_test::thread_hub hub(3);
+      zf_test::on_ranks(hub, [&](int r) {
+        model m;
+        thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+        m.add_to(opt);
+        opt.initialize();
+        for (int s = 0; s < k; ++s) {
+          src.fill_all(m, s, r, 0, reduce_op::mean);
+          opt.step();
+        }
+        opt.save(path);
+      });
+    }
+    std::vector<std::vector<unsigned char>> resumed(2);
+    {
+      zf_test::thread_hub hub(2);
+      zf_test::on_ranks(hub, [&](int r) {
+        model m;
+        thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+        m.add_to(opt);
+        opt.initialize();
+        opt.load(path);
+        for (int s = k; s < n; ++s) {
+          src.fill_all(m, s, r, 0, reduce_op::mean);
+          opt.step();
+        }
+        resumed[std::size_t(r)] = state_of(opt, m);
+      });
+    }
+    CHECK(resumed[0] == want);
+    CHECK(resumed[1] == want);
+    model m;
+    optimizer<> one(cfg);
+    m.add_to(one);
+    one.initialize();
+    one.load(path);
+    feed_reduced(one, m, src, 2, reduce_op::mean, k, n);
+    CHECK(state_of(one, m) == want);
+  }
+  // (the set: its manifest and 3 shard files)
+  for (const auto& e : std::filesystem::directory_iterator(ZF_TEST_TMP_DIR))
+    if (e.path().filename().string().rfind("threads_set.ckpt", 0) == 0) std::filesystem::remove(e.path());
+}
