@@ -13,10 +13,8 @@
 
 #include <cuda_runtime.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -24,6 +22,7 @@
 #include <zenflow/cuda.hpp>
 
 #include "cuda_dp_support.hpp"
+#include "host_hub.hpp"
 
 using namespace zenflow;
 using namespace zf_cuda_dp;
@@ -36,39 +35,8 @@ namespace {
 // (the rank-order fp32 sum of communicator.hpp) and nccl_communicator's byte count. It runs the
 // optimizer's data-parallel CUDA path (sharded host state, gathers, uploads ahead, the fused
 // compaction's per-rank places) at R > 1 where only one GPU is present.
-struct hub {
-  explicit hub(int ranks) : R(ranks), slots(static_cast<std::size_t>(ranks)) {}
-  const int R;
-  std::vector<std::vector<unsigned char>> slots;  // each rank's contribution, in host memory
-  void barrier() {
-    std::unique_lock lock(mu);
-    if (aborted) throw std::runtime_error("hub: another rank failed");
-    const std::uint64_t g = gen;
-    if (++arrived == R) {
-      arrived = 0;
-      ++gen;
-      cv.notify_all();
-    } else {
-      cv.wait(lock, [&] { return gen != g || aborted; });
-      if (gen == g) throw std::runtime_error("hub: another rank failed");
-    }
-  }
-  // A rank failed: the others, waiting in a collective or reaching one later, throw instead of
-  // waiting forever. (on_ranks rethrows the lowest failing rank's error, which may be a
-  // released rank's "another rank failed"; the failed rank's own checks are reported anyway.)
-  void abort() {
-    std::lock_guard lock(mu);
-    aborted = true;
-    cv.notify_all();
-  }
-
- private:
-  std::mutex mu;
-  std::condition_variable cv;
-  int arrived = 0;
-  std::uint64_t gen = 0;
-  bool aborted = false;
-};
+// (the barrier and the ranks' slots: host_hub.hpp's, shared with the host-space tests)
+using hub = zf_test::thread_hub;
 class hub_communicator {
  public:
   using space = cuda_space;
