@@ -23,6 +23,12 @@
 
 namespace zf_test {
 
+// What a rank meets in a collective after another rank failed (not the cause: on_ranks reports
+// the failing rank's own error instead).
+struct hub_aborted : std::runtime_error {
+  hub_aborted() : std::runtime_error("thread_hub: another rank failed") {}
+};
+
 class thread_hub {
  public:
   explicit thread_hub(int ranks) : R(ranks), slots(static_cast<std::size_t>(ranks)) {
@@ -34,7 +40,7 @@ class thread_hub {
   // Every rank waits here until all have arrived; throws once a rank has failed (abort()).
   void barrier() {
     std::unique_lock lock(mu_);
-    if (aborted_) throw std::runtime_error("thread_hub: another rank failed");
+    if (aborted_) throw hub_aborted();
     const std::uint64_t g = gen_;
     if (++arrived_ == R) {
       arrived_ = 0;
@@ -43,7 +49,7 @@ class thread_hub {
       return;
     }
     cv_.wait(lock, [&] { return gen_ != g || aborted_; });
-    if (gen_ == g) throw std::runtime_error("thread_hub: another rank failed");
+    if (gen_ == g) throw hub_aborted();
   }
   void abort() {
     std::lock_guard lock(mu_);
@@ -132,7 +138,8 @@ struct hub_allreduce_communicator : hub_communicator {
 };
 
 // Runs body(rank) on R threads; if one throws, the others are released from the hub's barriers
-// and the lowest rank's error is rethrown here.
+// and the lowest rank's own error is rethrown here (a released rank's hub_aborted only if no
+// rank has another).
 inline void on_ranks(thread_hub& hub, const std::function<void(int)>& body) {
   std::vector<std::exception_ptr> errors(std::size_t(hub.R));
   std::vector<std::thread> threads;
@@ -146,8 +153,18 @@ inline void on_ranks(thread_hub& hub, const std::function<void(int)>& body) {
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  std::exception_ptr released;
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const hub_aborted&) {
+      if (!released) released = e;
+    } catch (...) {
+      throw;
+    }
+  }
+  if (released) std::rethrow_exception(released);
 }
 
 }  // namespace zf_test

@@ -2,11 +2,12 @@
 // Communicator over shared memory with the contract's rank-order fp32 sum), against the same
 // independent reference as test_mpi — one process fed the reduced gradient written out by
 // data_parallel_support.hpp — bit for bit on every rank: R = 1 to 4, the gradients
-// reduce-scattered and all-reduced, overlap on and off, mean and sum, a NaN on one rank, and a
-// set saved by 3 ranks resumed by 2 and by one process. test_mpi checks all of this and more over
-// MPI; this file runs in every build, the sanitizer runs included — ThreadSanitizer cannot follow
-// MPI, so here is where it sees the data-parallel path (each rank's background host update
-// against its training thread while the ranks meet in collectives).
+// reduce-scattered (in one round and in rounds of 16 elements) and all-reduced, overlap on and
+// off, mean and sum, a NaN on one rank, and a set saved by 3 ranks resumed by 2 and by one
+// process. test_mpi checks all of this and more over MPI; this file runs in every build, the
+// sanitizer runs included — ThreadSanitizer cannot follow MPI, so here is where it sees the
+// data-parallel path (each rank's background host update against its training thread while the
+// ranks meet in collectives).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -30,6 +31,12 @@ using thread_optimizer =
     optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, Comm>;
 static_assert(thread_optimizer<zf_test::hub_communicator>::reduce_scatters &&
               !thread_optimizer<zf_test::hub_allreduce_communicator>::reduce_scatters);
+// Reduction rounds of 16 elements (the model's 812 otherwise fit one): 51 rounds a step, split
+// inside rows, across tensors and across the ranks' blocks.
+struct short_round_hub : zf_test::hub_communicator {
+  static constexpr std::size_t reduce_round = 16;
+  using zf_test::hub_communicator::hub_communicator;
+};
 
 // Selections at t = 1, 5, 9, 13; host updates every 2 steps (a boundary at 12 pending at the end
 // with overlap).
@@ -106,12 +113,13 @@ TEST_CASE("data parallel, ranks as threads: R ranks equal one process fed the re
         if (src.nan_rank >= 0) REQUIRE(ref_skipped[std::size_t(src.nan_step)]);
         const auto scattered = threads_run<zf_test::hub_communicator>(R, cfg, src, steps);
         const auto all_reduced = threads_run<zf_test::hub_allreduce_communicator>(R, cfg, src, steps);
+        const auto short_rounds = threads_run<short_round_hub>(R, cfg, src, steps);
         for (int r = 0; r < R; ++r) {
           CAPTURE(r);
-          CHECK(scattered[std::size_t(r)].state == want);
-          CHECK(all_reduced[std::size_t(r)].state == want);
-          CHECK(scattered[std::size_t(r)].skipped == ref_skipped);
-          CHECK(all_reduced[std::size_t(r)].skipped == ref_skipped);
+          for (const auto* run : {&scattered, &all_reduced, &short_rounds}) {
+            CHECK((*run)[std::size_t(r)].state == want);
+            CHECK((*run)[std::size_t(r)].skipped == ref_skipped);
+          }
         }
       }
 }

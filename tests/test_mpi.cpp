@@ -1203,6 +1203,28 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
       CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
     }
   }
+  {  // one that all-reduces where the others reduce-scatter (the same round): the same
+    std::string what;
+    model m;
+    if (odd) {
+      optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+                mpi_allreduce_communicator>
+          opt(base, mpi_allreduce_communicator(MPI_COMM_WORLD));
+      m.add_to(opt);
+      what = initialize_error(opt).first;
+    } else {
+      dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
+      m.add_to(opt);
+      what = initialize_error(opt).first;
+    }
+    if (ranks() == 1) {
+      CHECK(what.empty());
+    } else {
+      CHECK(what.find("the one on " + them + " all-reduces the matrices' gradients, the one on rank 0 reduce-scatters") !=
+            std::string::npos);
+      CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
+    }
+  }
   {  // a rank with nothing registered: it says so, the others that it failed
     model m;
     dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));

@@ -1408,15 +1408,17 @@ class optimizer {
       tensors.put(p.lr_scale);
       tensors.put(p.weight_decay_scale);
     }
-    const std::size_t csize = conf.data().size(), per = csize + 32;
+    const std::size_t csize = conf.data().size(), per = csize + 40;
     std::vector<unsigned char> all(per * R);
     {
       unsigned char* at = all.data() + per * me;
       std::memcpy(at, conf.data().data(), csize);
-      // (and the communicator's largest round: a build whose communicator differs would cut the
-      // reduction into other rounds and meet the others' collectives with other sizes)
-      const std::uint64_t tail[4] = {matrices_.size(), vectors_.size(),
-                                     ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round()};
+      // (and how the communicator reduces: its largest round, and whether the matrices'
+      // gradients are reduce-scattered — a rank built with another communicator type would cut
+      // the reduction differently and meet the others' collectives with other sizes)
+      const std::uint64_t tail[5] = {matrices_.size(), vectors_.size(),
+                                     ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round(),
+                                     sharded_reduction ? 1u : 0u};
       std::memcpy(at + csize, tail, sizeof tail);
     }
     counts_.assign(R, per);
@@ -1441,10 +1443,16 @@ class optimizer {
       throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
                          "); every rank needs the same config, host_threads aside");
     }
-    std::uint64_t tail[2][4];
+    std::uint64_t tail[2][5];
     if (odd) {
       std::memcpy(tail[0], rank_bytes(0) + csize, sizeof tail[0]);
       std::memcpy(tail[1], rank_bytes(odd) + csize, sizeof tail[1]);
+      if (tail[0][4] != tail[1][4]) {
+        auto how = [](std::uint64_t sharded) { return sharded ? "reduce-scatters" : "all-reduces"; };
+        fail("initialize(): the ranks' communicators differ: the one on " + them + " " + how(tail[1][4]) +
+             " the matrices' gradients, the one on rank 0 " + how(tail[0][4]) +
+             "; every rank needs the same communicator type");
+      }
       if (tail[0][3] != tail[1][3])
         fail("initialize(): the ranks' communicators reduce in rounds of at most " + std::to_string(tail[1][3]) +
              " elements on " + them + ", " + std::to_string(tail[0][3]) +

@@ -3,7 +3,9 @@
 // load or be refused with zenflow::checkpoint_error — never crash, hang or corrupt memory — and
 // an accepted set must leave an optimizer that can keep training.
 //
-// Input: a mode byte (odd: each file's section checksums recomputed first, as in fuzz_checkpoint),
+// Input: a mode byte (odd: each file's section checksums recomputed first, as in fuzz_checkpoint,
+// and the manifest's sizes and digests of the shards made those of the shards given, so that
+// mutated shards get past the check that they are the set's own and reach the commit),
 // the set's generation (u64) and rank count R (u32, 1 to 8), then files, each a u32 length and
 // its bytes: the manifest, then the shards of ranks 0, 1, ... (fewer than R leave the others
 // missing). They are written to a directory of this process's own as `set` and
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +41,10 @@ const std::filesystem::path& work_dir() {
   static const std::filesystem::path dir = [] {
     auto d = std::filesystem::temp_directory_path() / ("zenflow-fuzz-sharded-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
+    std::atexit([] {  // (libFuzzer ends a timed run with exit())
+      std::error_code ec;
+      std::filesystem::remove_all(work_dir(), ec);
+    });
     return d;
   }();
   return dir;
@@ -65,9 +72,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::size_t n = std::min<std::size_t>(len, std::size_t(end - p));
     files.emplace_back(p, p + n);
     p += n;
-    if (mode & 1) zf_fuzz::fix_checksums(files.back());
   }
   if (files.empty()) return 0;
+  if (mode & 1) {
+    for (std::size_t f = 1; f < files.size(); ++f) zf_fuzz::fix_checksums(files[f]);
+    zf_fuzz::match_shards(files[0], std::vector<std::vector<unsigned char>>(files.begin() + 1, files.end()));
+  }
   // the previous input's files go; this one's are written
   const auto& dir = work_dir();
   for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::remove(e.path());
