@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -41,9 +42,13 @@ const std::filesystem::path& work_dir() {
   static const std::filesystem::path dir = [] {
     auto d = std::filesystem::temp_directory_path() / ("zenflow-fuzz-sharded-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
-    std::atexit([] {  // (libFuzzer ends a timed run with exit())
+    // removed at exit (libFuzzer ends a timed run with exit()); by a name in static storage that
+    // nothing destroys, since `dir` itself is destroyed before this handler runs
+    static char name[4096];
+    std::snprintf(name, sizeof name, "%s", d.c_str());
+    std::atexit([] {
       std::error_code ec;
-      std::filesystem::remove_all(work_dir(), ec);
+      std::filesystem::remove_all(std::filesystem::path(name), ec);
     });
     return d;
   }();
