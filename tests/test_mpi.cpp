@@ -1094,6 +1094,22 @@ std::pair<std::string, bool> initialize_error(Opt& opt) {
   return {"", false};
 }
 
+// initialize()'s error on this rank (empty: none) when the odd rank's optimizer runs over an
+// OddComm and every other rank's over mpi_communicator.
+template <class OddComm>
+std::string error_with_communicator(bool odd, const config& cfg) {
+  model m;
+  if (odd) {
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, OddComm>
+        opt(cfg, OddComm(MPI_COMM_WORLD));
+    m.add_to(opt);
+    return initialize_error(opt).first;
+  }
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  return initialize_error(opt).first;
+}
+
 // An accumulator whose allocation fails where fail_allocation is set (a rank short of memory).
 bool fail_allocation = false;
 struct failing_accumulator : simd_accumulator {
@@ -1180,48 +1196,22 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
     m.add_to(opt);
     CHECK(initialize_error(opt).first.empty());
   }
-  {  // a communicator that would cut the reduction into other rounds (a rank built with another
-     // communicator type): its collectives would meet the others' with other sizes, so every rank
-     // refuses, naming both rounds
-    std::string what;
-    model m;
-    if (odd) {
-      optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
-                short_round_mpi>
-          opt(base, short_round_mpi(MPI_COMM_WORLD));
-      m.add_to(opt);
-      what = initialize_error(opt).first;
-    } else {
-      dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
-      m.add_to(opt);
-      what = initialize_error(opt).first;
-    }
+  // A rank built with another communicator type, which would cut the reduction differently and
+  // meet the others' collectives with other sizes: one whose rounds are shorter, one that
+  // all-reduces where the others reduce-scatter (the same round). Every rank refuses, naming both.
+  const std::string other_comm[] = {
+      error_with_communicator<short_round_mpi>(odd, base),
+      error_with_communicator<mpi_allreduce_communicator>(odd, base)};
+  const std::string other_expect[] = {
+      "reduce in rounds of at most 16 elements on " + them + ", 16777216 on rank 0",
+      "the one on " + them + " all-reduces the matrices' gradients, the one on rank 0 reduce-scatters"};
+  for (int c = 0; c < 2; ++c) {
+    CAPTURE(c);
+    const std::string& what = other_comm[c];
     if (ranks() == 1) {
       CHECK(what.empty());
     } else {
-      CHECK(what.find("reduce in rounds of at most 16 elements on " + them + ", 16777216 on rank 0") != std::string::npos);
-      CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
-    }
-  }
-  {  // one that all-reduces where the others reduce-scatter (the same round): the same
-    std::string what;
-    model m;
-    if (odd) {
-      optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
-                mpi_allreduce_communicator>
-          opt(base, mpi_allreduce_communicator(MPI_COMM_WORLD));
-      m.add_to(opt);
-      what = initialize_error(opt).first;
-    } else {
-      dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
-      m.add_to(opt);
-      what = initialize_error(opt).first;
-    }
-    if (ranks() == 1) {
-      CHECK(what.empty());
-    } else {
-      CHECK(what.find("the one on " + them + " all-reduces the matrices' gradients, the one on rank 0 reduce-scatters") !=
-            std::string::npos);
+      CHECK(what.find(other_expect[c]) != std::string::npos);
       CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
     }
   }

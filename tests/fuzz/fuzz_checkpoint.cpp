@@ -6,27 +6,13 @@
 #include <cstring>
 #include <vector>
 
-#include "../checkpoint_models.hpp"
-#include "fix_checksums.hpp"
-
-namespace {
-zenflow::optimizer<>& target() {
-  static zf_ckpt_models::small m;
-  static zenflow::optimizer<>* opt = [] {
-    auto* o = new zenflow::optimizer<>(zf_ckpt_models::small::config());
-    m.register_with(*o);
-    o->initialize();
-    return o;
-  }();
-  return *opt;
-}
-}  // namespace
+#include "fuzz_support.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::vector<unsigned char> image(data + 1, data + size);
   if (data[0] & 1) zf_fuzz::fix_checksums(image);
-  zenflow::optimizer<>& opt = target();
+  zenflow::optimizer<>& opt = zf_fuzz::target();
   try {
     opt.load_image(image.data(), image.size());
   } catch (const zenflow::checkpoint_error&) {

@@ -22,21 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "../checkpoint_models.hpp"
-#include "fix_checksums.hpp"
+#include "fuzz_support.hpp"
 
 namespace {
-
-zenflow::optimizer<>& target() {
-  static zf_ckpt_models::small m;
-  static zenflow::optimizer<>* opt = [] {
-    auto* o = new zenflow::optimizer<>(zf_ckpt_models::small::config());
-    m.register_with(*o);
-    o->initialize();
-    return o;
-  }();
-  return *opt;
-}
 
 const std::filesystem::path& work_dir() {
   static const std::filesystem::path dir = [] {
@@ -94,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::ofstream out(name, std::ios::binary);
     out.write(reinterpret_cast<const char*>(files[f].data()), std::streamsize(files[f].size()));
   }
-  zenflow::optimizer<>& opt = target();
+  zenflow::optimizer<>& opt = zf_fuzz::target();
   try {
     opt.load(set);
   } catch (const zenflow::checkpoint_error&) {

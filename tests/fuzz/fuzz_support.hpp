@@ -1,4 +1,5 @@
-// The fuzz targets' checksum repair: every section's CRC-32 of a checkpoint file (a plain
+// What the checkpoint fuzz targets share: the optimizer they load into, and the checksum
+// repair — every section's CRC-32 of a checkpoint file (a plain
 // checkpoint, a sharded set's manifest or shard: one layout — a 24-byte file header, then
 // sections of tag and index (4 bytes each), length (8), payload, CRC-32 (4)) recomputed in place,
 // so that mutations also reach the checks behind the CRCs; and, for sets, the manifest's record
@@ -13,7 +14,22 @@
 
 #include <zenflow/checkpoint.hpp>
 
+#include "../checkpoint_models.hpp"
+
 namespace zf_fuzz {
+
+// The optimizer every input is loaded into (checkpoint_models.hpp's small model, initialised
+// once; a refused input leaves it as it was, an accepted one as the input says).
+inline zenflow::optimizer<>& target() {
+  static zf_ckpt_models::small m;
+  static zenflow::optimizer<>* opt = [] {
+    auto* o = new zenflow::optimizer<>(zf_ckpt_models::small::config());
+    m.register_with(*o);
+    o->initialize();
+    return o;
+  }();
+  return *opt;
+}
 
 // Calls f(offset of the section header, tag, payload length) for each well-formed section.
 template <class F>
