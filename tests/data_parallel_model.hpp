@@ -13,6 +13,20 @@
 
 namespace zf_dp_test {
 
+// The tests' config: selections at t = 1, 5, 9, 13; host updates every 2 steps; lr 1e-2 (so
+// that 13 steps move the state well away from its start); one host thread a rank.
+inline zenflow::config test_config(bool overlap, zenflow::reduce_op op = zenflow::reduce_op::mean) {
+  zenflow::config c;
+  c.topk_ratio = 0.25;
+  c.update_interval = zenflow::interval::every(2);
+  c.select_interval = zenflow::interval::every(4);
+  c.overlap_step = overlap;
+  c.adam.lr = 1e-2f;
+  c.host_threads = 1;
+  c.gradient_reduction = op;
+  return c;
+}
+
 struct model {
   std::vector<float> w0 = std::vector<float>(R0 * C0);
   std::vector<zenflow::bfloat16> g0 = std::vector<zenflow::bfloat16>(R0 * C0);

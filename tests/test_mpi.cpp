@@ -62,16 +62,7 @@ struct gradient_source : zf_dp_test::gradient_source {
   void reduced_grads(model& m, int s, reduce_op op) const { fill_all(m, s, 0, ranks(), op); }
 };
 
-config test_config(bool overlap) {
-  config c;
-  c.topk_ratio = 0.25;
-  c.update_interval = interval::every(2);
-  c.select_interval = interval::every(4);
-  c.overlap_step = overlap;
-  c.adam.lr = 1e-2f;
-  c.host_threads = 1;
-  return c;
-}
+using zf_dp_test::test_config;
 
 using dp_optimizer =
     optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, mpi_communicator>;

@@ -548,8 +548,8 @@ class optimizer {
   // The grad buffers from tensor `first` on (matrices, then vectors, in registration order),
   // taken as one sequence of elements, reduced across the ranks a round at a time: at most
   // reduce_buf_.size() elements (reduce_round_for) widened to fp32 into reduce_buf_, reduced, and
-  // written back rounded to their dtype (nearest even). The reduction is element by element, so the rounds do not
-  // change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
+  // written back rounded to their dtype (nearest even). The reduction is element by element, so
+  // the rounds do not change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
   // non-finite on every rank, so every rank skips the step. (On the host space by the host
   // kernels in the space's own arena — device-side work, never queued behind a host update
   // running in the accumulator's — on a device space by its convert(): the same bits.)
