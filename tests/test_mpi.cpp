@@ -320,28 +320,39 @@ TEST_CASE("data parallel: a NaN on one rank skips the step on every rank") {
   CHECK(dp.state == ref.state);
 }
 
-TEST_CASE("data parallel: a matrix with fewer columns than ranks (some ranks hold none of it)") {
-  // 3 rows, 2 columns: with 3 or 4 ranks some blocks are empty. k = 1; warm-up, selections,
-  // boundaries and a checkpoint round trip, against one process fed the reduced gradient.
+TEST_CASE("data parallel: matrices with fewer columns than ranks (some ranks hold none of them)") {
+  // 3 x 2 and 9 x 1: with 3 or 4 ranks some blocks are empty, and the last rank, which owns
+  // column 1 of the first and all of the second, holds 12 of the round's 15 elements (n = 15:
+  // one round), more than twice its share at R = 3 and 4 (2 ceil(15 / R) = 10, 8), so the
+  // communicator's reduce-scatter goes in two rounds there (at R = 2: 12 of 16, one round).
+  // k = 1; warm-up, selections, boundaries and a checkpoint round trip, against one process fed
+  // the reduced gradient.
   config cfg = test_config(true);
   cfg.topk_ratio = 0.5;
   cfg.full_warm_up_rounds = 1;
   auto run = [&](auto& opt, bool reduced) {
-    std::vector<float> w(6), g(6);
-    for (std::size_t i = 0; i < 6; ++i) w[i] = 0.1f * float(i) - 0.2f;
-    opt.add_matrix(matrix(w.data(), g.data(), rows{3}, cols{2}));
+    const std::size_t sizes[2] = {6, 9};
+    std::vector<float> w[2], g[2];
+    for (int k = 0; k < 2; ++k) {
+      w[k].resize(sizes[k]);
+      g[k].resize(sizes[k]);
+      for (std::size_t i = 0; i < sizes[k]; ++i) w[k][i] = 0.1f * float(i) - 0.2f + 0.05f * float(k);
+    }
+    opt.add_matrix(matrix(w[0].data(), g[0].data(), rows{3}, cols{2}));
+    opt.add_matrix(matrix(w[1].data(), g[1].data(), rows{9}, cols{1}));
     opt.initialize();
     const std::string path = tmp_path("mpi_narrow.zfc");
     for (int s = 0; s < 9; ++s) {
-      for (std::size_t i = 0; i < 6; ++i) {
-        if (!reduced) {
-          g[i] = local(my_rank(), s, 0, i);
-        } else {
-          float x = local(0, s, 0, i);
-          for (int r = 1; r < ranks(); ++r) x += local(r, s, 0, i);
-          g[i] = x / float(ranks());
+      for (int k = 0; k < 2; ++k)
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+          if (!reduced) {
+            g[k][i] = local(my_rank(), s, k, i);
+          } else {
+            float x = local(0, s, k, i);
+            for (int r = 1; r < ranks(); ++r) x += local(r, s, k, i);
+            g[k][i] = x / float(ranks());
+          }
         }
-      }
       opt.step();
       if (s == 4) {
         opt.save(path);
@@ -349,10 +360,13 @@ TEST_CASE("data parallel: a matrix with fewer columns than ranks (some ranks hol
       }
     }
     opt.synchronize();
-    std::vector<float> out(w);
-    std::vector<float> master(6);
-    opt.copy_master(matrix_id{0}, master.data());
-    out.insert(out.end(), master.begin(), master.end());
+    std::vector<float> out;
+    for (int k = 0; k < 2; ++k) {
+      std::vector<float> master(sizes[k]);
+      opt.copy_master(matrix_id{std::size_t(k)}, master.data());
+      out.insert(out.end(), w[k].begin(), w[k].end());
+      out.insert(out.end(), master.begin(), master.end());
+    }
     return out;
   };
   dp_optimizer dp(cfg, mpi_communicator(MPI_COMM_WORLD));
@@ -1323,6 +1337,16 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
         CHECK(ok);
         CHECK(comm.bytes_sent() - before == (R > 1 ? 4 * others : 0));  // the others' segments, once
       }
+      {  // reduce_scatter, every element in the last rank's segment: in rounds of 2 ceil(37 / R)
+        std::vector<std::size_t> counts(static_cast<std::size_t>(R), 0);
+        counts.back() = 37;
+        std::vector<float> data(37);
+        for (std::size_t j = 0; j < data.size(); ++j) data[j] = value(me, R - 1, j);
+        comm.reduce_scatter(data.data(), counts.data(), op);
+        bool ok = true;
+        for (std::size_t j = 0; me == R - 1 && j < data.size(); ++j) ok = ok && same(data[j], reduced(R - 1, j, op));
+        CHECK(ok);
+      }
     }
     {  // all_gather: rank r's block of 5 + 3r bytes
       std::vector<std::size_t> bytes(static_cast<std::size_t>(R));
@@ -1353,6 +1377,30 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
     tight_mpi comm(MPI_COMM_WORLD, 3, 8);
     check_all(comm);
   }
+}
+
+TEST_CASE("data parallel: mpi_communicator's reduce_scatter keeps its receive buffer within about twice the data") {
+  // T = 1000 elements, all in the last rank's segment (what a matrix narrower than R, or a row
+  // longer than a round, gives the optimizer's reduce-scatter). That rank receives its segment
+  // from every rank: in one call, R T floats; in rounds of P = 2 ceil(T / R), R P <= 2 T + 2 R.
+  // The bound: that, the shard and packing buffers (none here), and the four count arrays.
+  // (At R = 2 the two are the same; at R = 3 and 4 the one call exceeds the bound.)
+  const int R = ranks(), me = my_rank();
+  constexpr std::size_t T = 1000;
+  mpi_communicator comm(MPI_COMM_WORLD);  // (fresh: its buffers hold this call's only)
+  std::vector<std::size_t> counts(static_cast<std::size_t>(R), 0);
+  counts.back() = T;
+  std::vector<float> data(T);
+  for (std::size_t j = 0; j < T; ++j) data[j] = float(me + 1) * float(j % 17);
+  comm.reduce_scatter(data.data(), counts.data(), reduce_op::sum);
+  const std::size_t Rs = std::size_t(R);
+  if (me == R - 1) {
+    bool ok = true;  // sum over r of (r + 1) x: R (R + 1) / 2 x, exact (small integers)
+    for (std::size_t j = 0; j < T; ++j) ok = ok && data[j] == float(R * (R + 1) / 2) * float(j % 17);
+    CHECK(ok);
+  }
+  CAPTURE(comm.bytes_allocated());
+  CHECK(comm.bytes_allocated() <= sizeof(float) * (2 * T + 2 * Rs) + 4 * sizeof(int) * Rs);
 }
 
 // A rank killed (SIGKILL) in the middle of the ranks' saves: the job ends (mpirun takes the other

@@ -76,8 +76,9 @@ class mpi_communicator {
   // The bytes this rank sent to reduce gradients (the other collectives are counted by their
   // callers: the optimizer's stats() has them).
   std::uint64_t bytes_sent() const noexcept { return sent_; }
-  // The host memory it keeps between calls: the receive buffer of the ranks' pieces (a round's
-  // worth at most), the shard and packing buffers, the count arrays. (In the optimizer's
+  // The host memory it keeps between calls: the receive buffer of the ranks' pieces (about a
+  // round's worth; within twice the data in reduce_scatter), the shard and packing buffers, the
+  // count arrays. (In the optimizer's
   // stats().host_pageable_bytes.)
   std::size_t bytes_allocated() const noexcept {
     return sizeof(float) * (pieces_.capacity() + shard_.capacity() + packed_.capacity()) +
@@ -123,13 +124,16 @@ class mpi_communicator {
   // elements, one after the other; afterwards this rank's segment holds the reduction of every
   // rank's segment at its place (the sum in rank order, as reduce's), and the other segments
   // are unspecified. Each rank sends the others' segments (MPI_Alltoallv): (R - 1) / R of the
-  // data when the segments are equal, half of what reduce sends. Rounds keep every MPI count and
-  // offset within int: round j moves elements [j P, (j + 1) P) of every segment.
+  // data when the segments are equal, half of what reduce sends. Round j moves elements
+  // [j P, (j + 1) P) of every segment; P keeps every MPI count and offset within int, and at
+  // most twice a segment's fair share, 2 ceil(total / R): a rank receives P from every rank, so
+  // its receive buffer stays within about twice the data however the segments are split (one
+  // rank's segment holding all of it would otherwise need R times the data). Segments within
+  // twice their share go in one round: the optimizer's column blocks are, but for a matrix
+  // narrower than R or a row longer than the optimizer's round.
   void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
     if (size_ == 1) return;
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
-    // (R pieces of a round land one after the other: R * round_max within int too)
-    const std::size_t round_max = std::max<std::size_t>(1, std::min(lim_.round, lim_.int_max / R));
     counts_.resize(R);
     displs_.resize(R);
     mine_.resize(R);
@@ -140,6 +144,9 @@ class mpi_communicator {
       if (r == me) own = total;
       total += counts[r];
     }
+    // (R pieces of a round land one after the other: R * round_max within int too)
+    const std::size_t round_max =
+        std::max<std::size_t>(1, std::min({lim_.round, lim_.int_max / R, 2 * ((total + R - 1) / R)}));
     // Alltoallv takes int displacements from one send buffer: the segments in place when they
     // fit, else a packed copy of each round
     const bool in_place = total <= lim_.int_max;

@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -113,22 +114,35 @@ class nccl_communicator {
   }
 
   // See communicator_policy (the optional member); data is device memory. Enqueued on the stream.
+  // Round j moves elements [j P, (j + 1) P) of every segment, P = 2 ceil(total / R) (as
+  // mpi_communicator's): the receive buffer, P from every rank, stays within about twice the
+  // data however the segments are split; segments within twice their share go in one round.
   void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
     auto& at = at_;
     at.assign(R + 1, 0);
-    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
-    const std::size_t m = counts[me];
-    if (at[R] == 0) return;
-    float* pieces = pieces_for(m * R);
-    check(ncclGroupStart(), "ncclGroupStart");
+    std::size_t longest = 0;
     for (std::size_t r = 0; r < R; ++r) {
-      if (counts[r]) check(ncclSend(data + at[r], counts[r], ncclFloat32, int(r), comm_, stream_), "ncclSend");
-      if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
+      at[r + 1] = at[r] + counts[r];
+      longest = std::max(longest, counts[r]);
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
-    sum_pieces(pieces, m, op, data + at[me]);
-    sent_ += (at[R] - m) * sizeof(float);  // every other rank's segment to its owner
+    if (at[R] == 0) return;
+    const std::size_t P = 2 * ((at[R] + R - 1) / R);
+    // (the rounds reuse it: each round's receives are queued after the last round's sum, which
+    // reads it, on the same stream)
+    float* pieces = pieces_for(std::min(P, counts[me]) * R);
+    for (std::size_t off = 0; off < longest; off += P) {
+      const std::size_t m = counts[me] > off ? std::min(P, counts[me] - off) : 0;
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (std::size_t r = 0; r < R; ++r) {
+        const std::size_t len = counts[r] > off ? std::min(P, counts[r] - off) : 0;
+        if (len) check(ncclSend(data + at[r] + off, len, ncclFloat32, int(r), comm_, stream_), "ncclSend");
+        if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd");
+      sum_pieces(pieces, m, op, data + at[me] + off);
+    }
+    sent_ += (at[R] - counts[me]) * sizeof(float);  // every other rank's segment to its owner
   }
 
   // See communicator_policy; data is device memory, in place. Enqueued on the stream.
