@@ -580,6 +580,43 @@ TEST_CASE("cuda: a stream query answering NotReady does not fail the next step" 
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
+// A step on another stream than the last one: the new stream first waits for what was queued on
+// the old one (the optimizer's buffers and per-step tables were last used there). Each step here
+// is followed by 200 ms of the "trainer's" work on its stream; the next step, on the other
+// stream, reads back its finite flag, so when it returns the old stream's work must be done —
+// without the hand-over the step would return while the other stream still spins. The training
+// is that of one stream, bit for bit (a second optimizer on a third stream, same gradients).
+TEST_CASE("cuda: steps on alternating streams wait for each other and train as on one stream" *
+          doctest::skip(!has_gpu())) {
+  small_problem alt_pb(256, 384, 2), one_pb(256, 384, 2);
+  alt_pb.cfg.select_interval = one_pb.cfg.select_interval = interval::every(3);
+  cudaStream_t s[3];
+  for (auto& x : s) ZF_CUDA_TRY(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+  {
+    optimizer<cuda_space> alt(alt_pb.cfg), one(one_pb.cfg);
+    alt.add_matrix(alt_pb.param());
+    one.add_matrix(one_pb.param());
+    alt.initialize(s[0]);
+    one.initialize(s[2]);
+    for (int t = 0; t < 8; ++t) {
+      CHECK_FALSE(alt.step(s[t % 2], 1.0f).skipped);
+      if (t > 0) CHECK(cudaStreamQuery(s[(t + 1) % 2]) == cudaSuccess);  // the last step's stream, done
+      busy_stream(s[t % 2], 200.0);
+      CHECK_FALSE(one.step(s[2], 1.0f).skipped);
+    }
+    alt.synchronize();
+    one.synchronize();
+    ZF_CUDA_TRY(cudaDeviceSynchronize());
+    const std::size_t n = alt_pb.rows * alt_pb.cols;
+    std::vector<float> a(n), b(n);
+    ZF_CUDA_TRY(cudaMemcpy(a.data(), alt_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
+    ZF_CUDA_TRY(cudaMemcpy(b.data(), one_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(a.data(), b.data(), 4 * n) == 0);
+    CHECK(a != std::vector<float>(n, 0.5f));  // (it trained)
+  }
+  for (auto& x : s) ZF_CUDA_TRY(cudaStreamDestroy(x));
+}
+
 // New device memory reads as zero from a non-blocking stream at once: the zeroing is complete
 // when the array exists (it used to run on the default stream, unordered with such a stream).
 // The old memory is filled first and freed, so a reallocation that reuses it and races its zeroing

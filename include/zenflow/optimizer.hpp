@@ -346,6 +346,7 @@ class optimizer {
   std::vector<std::uint32_t> column_counts(matrix_id id) {
     const std::size_t matrix = id.index();
     check_matrix(matrix);
+    enter();
     enter_collective("column_counts()", [&] { quiesce(); });
     const auto& hs = host_.matrix(matrix);
     std::vector<std::uint32_t> out(matrices_[matrix].cols);  // (no host state: every column is selected)
@@ -409,6 +410,7 @@ class optimizer {
   void copy_vector_master(vector_id id, float* out) {
     const std::size_t vec = id.index();
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
+    enter();
     const auto& v = updater_.vector(vec);
     space_.download(out, v.param_master ? v.p.param : v.master.data(), 4 * v.p.n);  // (an fp32 param is its master)
   }
@@ -2033,6 +2035,7 @@ class optimizer {
   void column_state(const char* call, std::size_t matrix, float* out, DeviceArray dev, HostArray host,
                     bool master = false) {
     check_matrix(matrix);
+    enter();
     enter_collective(call, [&] { quiesce(); });
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;

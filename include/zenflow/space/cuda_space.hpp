@@ -230,6 +230,7 @@ class cuda_space {
                                                    " requested, " + std::to_string(n) + " present");
     if (device_ >= 0) ZF_CUDA_TRY(cudaSetDevice(device_));
     else ZF_CUDA_TRY(cudaGetDevice(&device_));
+    live_ = true;
   }
   int device() const noexcept { return device_; }
   // Makes this space's device current on the calling thread (the optimizer calls it at each
@@ -238,7 +239,19 @@ class cuda_space {
     if (device_ >= 0) ZF_CUDA_TRY(cudaSetDevice(device_));
   }
 
-  void set_stream(cudaStream_t s) noexcept { stream_ = s; }
+  // The stream the device work goes on from now on. When it changes after initialize(), the new
+  // stream first waits, on the device, for everything queued on the old one so far: the
+  // optimizer's buffers and per-step tables were last used there, and the next step must not
+  // overtake that work (it waits for the trainer's later work there too: a conservative order).
+  void set_stream(cudaStream_t s) {
+    if (s != stream_ && live_) {
+      activate();
+      handoff_.create();
+      ZF_CUDA_TRY(cudaEventRecord(handoff_.get(), stream_));
+      ZF_CUDA_TRY(cudaStreamWaitEvent(s, handoff_.get(), 0));
+    }
+    stream_ = s;
+  }
   cudaStream_t stream() const noexcept { return stream_; }
 
   void record(event& e) {
@@ -365,6 +378,8 @@ class cuda_space {
 
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
+  bool live_ = false;  // initialize() has run: a change of stream hands the work over (set_stream)
+  event handoff_;
 };
 
 }  // namespace zenflow

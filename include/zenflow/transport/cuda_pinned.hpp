@@ -38,6 +38,11 @@ class cuda_pinned {
   cuda_pinned(const cuda_pinned&) = delete;
   cuda_pinned& operator=(const cuda_pinned&) = delete;
   ~cuda_pinned() {
+    // the training thread's last uploads (fill_to_device, to_device) may still read the pinned
+    // buffers on the compute stream when the optimizer goes: wait for them before the buffers
+    // are freed (their events are ours; the stream may be the trainer's, already destroyed)
+    for (int b = 0; b < 2; ++b)
+      if (train_used_[b] && train_ev_[b].get()) cudaEventSynchronize(train_ev_[b].get());
     for (cudaStream_t st : {copy_stream_, up_stream_})
       if (st) {
         cudaStreamSynchronize(st);
@@ -91,6 +96,7 @@ class cuda_pinned {
   // freed once no copy of this transport is in flight; upload_ahead may be set again. The
   // streams and events stay for the next reserve().
   void release() {
+    for (int b = 0; b < 2; ++b) wait_train(b);  // (uploads on the compute stream, as in the destructor)
     for (cudaStream_t st : {copy_stream_, up_stream_})
       if (st) ZF_CUDA_TRY(cudaStreamSynchronize(st));
     for (auto& b : train_) b = {};
