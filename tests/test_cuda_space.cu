@@ -61,41 +61,50 @@ std::vector<unsigned char> random_grad(zf_test::rng& r, dtype t, std::size_t n, 
   return v;
 }
 
-// The trainer's buffers of run_scenario, mirrored in device memory.
+// The trainer's buffers of run_scenario, mirrored in device memory, each `offset` bytes into an
+// allocation of its own (0: at the allocation's start, aligned for any access).
 struct cuda_buffers {
-  std::vector<std::pair<std::vector<unsigned char>*, device_array<unsigned char>>> copies;
-  void* device(std::vector<unsigned char>& buf) {
-    copies.emplace_back(&buf, device_array<unsigned char>(buf.size()));
-    ZF_CUDA_TRY(cudaMemcpy(copies.back().second.data(), buf.data(), buf.size(), cudaMemcpyHostToDevice));
-    return copies.back().second.data();
+  struct copy {
+    std::vector<unsigned char>* host;
+    device_array<unsigned char> dev;
+    std::size_t offset;
+    unsigned char* at() { return dev.data() + offset; }
+  };
+  std::vector<copy> copies;
+  void* device(std::vector<unsigned char>& buf, std::size_t offset = 0) {
+    copies.push_back({&buf, device_array<unsigned char>(buf.size() + offset), offset});
+    ZF_CUDA_TRY(cudaMemcpy(copies.back().at(), buf.data(), buf.size(), cudaMemcpyHostToDevice));
+    return copies.back().at();
   }
   void push(zf_test::trainer& tr) {
-    for (auto& [h, d] : copies)
+    for (auto& c : copies)
       for (auto* g : {&tr.mg, &tr.vgb})
         for (auto& b : *g)
-          if (&b == h) ZF_CUDA_TRY(cudaMemcpy(d.data(), h->data(), h->size(), cudaMemcpyHostToDevice));
+          if (&b == c.host) ZF_CUDA_TRY(cudaMemcpy(c.at(), b.data(), b.size(), cudaMemcpyHostToDevice));
   }
   void pull(zf_test::trainer& tr) {
     ZF_CUDA_TRY(cudaDeviceSynchronize());  // the optimizer's stream has finished this step's work
-    for (auto& [h, d] : copies)
+    for (auto& c : copies)
       for (auto* p : {&tr.mp, &tr.vp})
         for (auto& b : *p)
-          if (&b == h) ZF_CUDA_TRY(cudaMemcpy(h->data(), d.data(), h->size(), cudaMemcpyDeviceToHost));
+          if (&b == c.host) ZF_CUDA_TRY(cudaMemcpy(b.data(), c.at(), b.size(), cudaMemcpyDeviceToHost));
   }
 };
 
 // One scenario on both spaces: a trainer each (the same gradient stream), the host optimizer on
-// host buffers, the CUDA one on device copies, both initialised.
+// host buffers, the CUDA one on device copies (the matrices' params and grads `offset` elements
+// into their allocations), both initialised.
 struct lockstep {
   zf_test::trainer th, tc;
   cuda_buffers cb;
   optimizer<> ho;
   optimizer<cuda_space> co;
-  explicit lockstep(const zf_test::scenario& sc) : th(sc), tc(sc), ho(sc.cfg), co(sc.cfg) {
+  explicit lockstep(const zf_test::scenario& sc, std::size_t offset = 0) : th(sc), tc(sc), ho(sc.cfg), co(sc.cfg) {
     for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
       const auto& m = sc.mats[mi];
       ho.add_matrix({th.mp[mi].data(), th.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
-      co.add_matrix({cb.device(tc.mp[mi]), cb.device(tc.mg[mi]), m.rows, m.cols, m.pt, m.gt, m.layout});
+      co.add_matrix({cb.device(tc.mp[mi], offset * size_of(m.pt)), cb.device(tc.mg[mi], offset * size_of(m.gt)),
+                     m.rows, m.cols, m.pt, m.gt, m.layout});
     }
     for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
       const auto& v = sc.vecs[vi];
@@ -487,45 +496,74 @@ TEST_CASE("cuda: uploads ahead match the reference model and the boundary upload
 }
 
 // Both spaces in lockstep on the same gradients: the same bits everywhere (masters, moments,
-// counts, selections, params, byte counts).
+// counts, selections, params, byte counts), after every step.
+void require_lockstep(const zf_test::scenario& sc, std::size_t offset = 0) {
+  lockstep ls(sc, offset);
+  auto& th = ls.th;
+  auto& tc = ls.tc;
+  auto& cb = ls.cb;
+  auto& ho = ls.ho;
+  auto& co = ls.co;
+  std::vector<std::vector<double>> g1, g2, v1, v2;
+  for (int step = 0; step < sc.steps; ++step) {
+    CAPTURE(step);
+    const double s1 = th.next(g1, v1), s2 = tc.next(g2, v2);
+    REQUIRE(s1 == s2);
+    cb.push(tc);
+    const step_info a = ho.step(float(s1)), b = co.step(float(s2));
+    cb.pull(tc);
+    REQUIRE(a.skipped == b.skipped);
+    REQUIRE(a.selection == b.selection);
+    REQUIRE(a.boundary == b.boundary);
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+      CAPTURE(mi);
+      const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
+      REQUIRE(ho.selected_columns(matrix_id{mi}) == co.selected_columns(matrix_id{mi}));
+      REQUIRE(ho.column_counts(matrix_id{mi}) == co.column_counts(matrix_id{mi}));
+      std::vector<float> x(n), y(n);
+      ho.copy_master(matrix_id{mi}, x.data());
+      co.copy_master(matrix_id{mi}, y.data());
+      REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+      ho.copy_exp_avg_sq(matrix_id{mi}, x.data());
+      co.copy_exp_avg_sq(matrix_id{mi}, y.data());
+      REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+      REQUIRE(th.mp[mi] == tc.mp[mi]);
+    }
+    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) REQUIRE(th.vp[vi] == tc.vp[vi]);
+    REQUIRE(ho.stats().bytes_to_host == co.stats().bytes_to_host);
+    REQUIRE(ho.stats().bytes_to_device == co.stats().bytes_to_device);
+  }
+}
+
 TEST_CASE("cuda: cuda_space and host_space give bit-identical runs" * doctest::skip(!has_gpu())) {
   for (std::uint64_t seed = 401; seed <= 440; ++seed) {
     CAPTURE(seed);
-    const zf_test::scenario sc = zf_test::random_scenario(seed);
-    lockstep ls(sc);
-    auto& th = ls.th;
-    auto& tc = ls.tc;
-    auto& cb = ls.cb;
-    auto& ho = ls.ho;
-    auto& co = ls.co;
-    std::vector<std::vector<double>> g1, g2, v1, v2;
-    for (int step = 0; step < sc.steps; ++step) {
-      CAPTURE(step);
-      const double s1 = th.next(g1, v1), s2 = tc.next(g2, v2);
-      REQUIRE(s1 == s2);
-      cb.push(tc);
-      const step_info a = ho.step(float(s1)), b = co.step(float(s2));
-      cb.pull(tc);
-      REQUIRE(a.skipped == b.skipped);
-      REQUIRE(a.selection == b.selection);
-      REQUIRE(a.boundary == b.boundary);
-      for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
-        const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
-        REQUIRE(ho.selected_columns(matrix_id{mi}) == co.selected_columns(matrix_id{mi}));
-        REQUIRE(ho.column_counts(matrix_id{mi}) == co.column_counts(matrix_id{mi}));
-        std::vector<float> x(n), y(n);
-        ho.copy_master(matrix_id{mi}, x.data());
-        co.copy_master(matrix_id{mi}, y.data());
-        REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
-        ho.copy_exp_avg_sq(matrix_id{mi}, x.data());
-        co.copy_exp_avg_sq(matrix_id{mi}, y.data());
-        REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
-        REQUIRE(th.mp[mi] == tc.mp[mi]);
-      }
-      for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) REQUIRE(th.vp[vi] == tc.vp[vi]);
-      REQUIRE(ho.stats().bytes_to_host == co.stats().bytes_to_host);
-      REQUIRE(ho.stats().bytes_to_device == co.stats().bytes_to_device);
-    }
+    require_lockstep(zf_test::random_scenario(seed));
+  }
+}
+
+// The selective AdamW moves a column-contiguous column of rows % 4 == 0 in 16- and 8-byte words
+// when the column's param and grad and its slot's state start on the 4-element grid, else element
+// by element (row-major, other row counts, buffers off the grid): every path gives the host's
+// bits. Every param/grad dtype pair with 256 rows (k = 10 of 40 columns: 10 KB of state a
+// moment, an allocation of its own, aligned), 66 rows and a row-major matrix; then the same with
+// every param and grad buffer one element into its allocation (off the grid: the element loop).
+TEST_CASE("cuda: the selective AdamW's word path and its element fallback give the host's bits" *
+          doctest::skip(!has_gpu())) {
+  zf_test::scenario sc;
+  sc.cfg.topk_ratio = 0.25;
+  sc.cfg.update_interval = interval::every(2);
+  sc.cfg.select_interval = interval::every(4);
+  sc.cfg.adam.weight_decay = 0.05f;
+  sc.steps = 12;
+  const dtype types[] = {dtype::f32, dtype::bf16, dtype::f16};
+  for (dtype pt : types)
+    for (dtype gt : types) sc.mats.push_back({256, 40, pt, gt, matrix_layout::column_contiguous});
+  sc.mats.push_back({66, 40, dtype::bf16, dtype::bf16, matrix_layout::column_contiguous});
+  sc.mats.push_back({256, 40, dtype::bf16, dtype::bf16, matrix_layout::row_major});
+  for (std::size_t offset : {0, 1}) {
+    CAPTURE(offset);
+    require_lockstep(sc, offset);
   }
 }
 
