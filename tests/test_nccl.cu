@@ -71,6 +71,12 @@ std::vector<run_out> nccl_run(const gradient_source& src, reduce_op op, bool ove
 
 std::string tmp_path(const std::string& name) { return std::string(ZF_TEST_TMP_DIR) + "/" + name; }
 
+// nccl_communicator with reduce_scatter rounds of at most `round` elements of a segment, so that
+// the rounds run with one rank and even segments too.
+struct tight_nccl : nccl_communicator {
+  tight_nccl(ncclComm_t c, std::size_t round) : nccl_communicator(c, limits{round}) {}
+};
+
 }  // namespace
 
 TEST_CASE("nccl: reduce, reduce_scatter, all_gather and all_agree against the rank-order reference" * doctest::skip(!has_gpu())) {
@@ -105,25 +111,43 @@ TEST_CASE("nccl: reduce, reduce_scatter, all_gather and all_agree against the ra
           CHECK(c.bytes_sent() == 4 * ((n - m) + m * std::size_t(R - 1)));
         });
         for (int r = 0; r < R; ++r) CHECK(std::memcmp(got[std::size_t(r)].data(), want.data(), 4 * n) == 0);
-        // reduce_scatter of the same arrays cut into R segments of unequal sizes (the last ones
-        // empty when n < R): each rank's own segment equals the reference's there
-        std::vector<std::size_t> counts(static_cast<std::size_t>(R)), at(static_cast<std::size_t>(R) + 1, 0);
-        for (int r = 0; r < R; ++r) {
-          counts[std::size_t(r)] = detail::shard_begin(n, R, r + 1) - detail::shard_begin(n, R, r);
-          at[std::size_t(r) + 1] = at[std::size_t(r)] + counts[std::size_t(r)];
-        }
-        on_ranks(R, [&](int r) {
-          nccl_communicator c(cs.c[std::size_t(r)]);
-          device_array<float> d(n);
-          ZF_CUDA_TRY(cudaMemcpy(d.data(), pieces.data() + std::size_t(r) * n, 4 * n, cudaMemcpyHostToDevice));
-          c.reduce_scatter(d.data(), counts.data(), op);
-          ZF_CUDA_TRY(cudaStreamSynchronize(c.stream()));
-          const std::size_t m = counts[std::size_t(r)];
-          std::vector<float> own(m);
-          if (m) ZF_CUDA_TRY(cudaMemcpy(own.data(), d.data() + at[std::size_t(r)], 4 * m, cudaMemcpyDeviceToHost));
-          CHECK(std::memcmp(own.data(), want.data() + at[std::size_t(r)], 4 * m) == 0);
-          CHECK(c.bytes_sent() == 4 * (n - m));
-        });
+        // reduce_scatter of the same arrays cut into R segments: of even sizes (the last ones
+        // empty when n < R), and all in the last rank's segment (with R > 2, in rounds of 2
+        // ceil(n / R)); each in one round where it fits and in rounds of 64 elements: each
+        // rank's own segment equals the reference's there
+        for (bool skewed : {false, true})
+          for (std::size_t round : {std::size_t(0), std::size_t(64)}) {
+            CAPTURE(skewed);
+            CAPTURE(round);
+            std::vector<std::size_t> counts(static_cast<std::size_t>(R), 0), at(static_cast<std::size_t>(R) + 1, 0);
+            for (int r = 0; r < R; ++r) {
+              counts[std::size_t(r)] = skewed ? (r == R - 1 ? n : 0)
+                                              : detail::shard_begin(n, R, r + 1) - detail::shard_begin(n, R, r);
+              at[std::size_t(r) + 1] = at[std::size_t(r)] + counts[std::size_t(r)];
+            }
+            on_ranks(R, [&](int r) {
+              auto run = [&](nccl_communicator& c) {
+                device_array<float> d(n);
+                ZF_CUDA_TRY(cudaMemcpy(d.data(), pieces.data() + std::size_t(r) * n, 4 * n, cudaMemcpyHostToDevice));
+                c.reduce_scatter(d.data(), counts.data(), op);
+                ZF_CUDA_TRY(cudaStreamSynchronize(c.stream()));
+                const std::size_t m = counts[std::size_t(r)];
+                std::vector<float> own(m);
+                if (m) ZF_CUDA_TRY(cudaMemcpy(own.data(), d.data() + at[std::size_t(r)], 4 * m, cudaMemcpyDeviceToHost));
+                CHECK(std::memcmp(own.data(), want.data() + at[std::size_t(r)], 4 * m) == 0);
+                CHECK(c.bytes_sent() == 4 * (n - m));
+                // the receive buffer: a round's piece from every rank, within about twice the data
+                CHECK(c.bytes_allocated() <= 4 * (2 * n + 2 * std::size_t(R)));
+              };
+              if (round == 0) {
+                nccl_communicator c(cs.c[std::size_t(r)]);
+                run(c);
+              } else {
+                tight_nccl c(cs.c[std::size_t(r)], round);
+                run(c);
+              }
+            });
+          }
       }
     }
     // all_gather: rank r's block of 3 r + 1 bytes (empty blocks too when r is large enough)

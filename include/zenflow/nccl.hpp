@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -74,11 +75,24 @@ class nccl_communicator {
   }
   nccl_communicator(nccl_communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, nullptr)), stream_(o.stream_), rank_(o.rank_), size_(o.size_), sent_(o.sent_),
-        pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)), at_(std::move(o.at_)) {}
+        lim_(o.lim_), pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)), at_(std::move(o.at_)) {}
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   ~nccl_communicator() = default;
+
+ protected:
+  // At most `round` elements of each rank's segment in one reduce_scatter round (besides the
+  // rule below): a small value makes the rounds run with one rank and even segments (the tests).
+  struct limits {
+    std::size_t round = std::numeric_limits<std::size_t>::max();
+  };
+  nccl_communicator(ncclComm_t comm, limits lim) : nccl_communicator(comm) {
+    if (lim.round == 0) throw std::invalid_argument("zenflow: nccl_communicator limits too small");
+    lim_ = lim;
+  }
+
+ public:
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -127,7 +141,7 @@ class nccl_communicator {
       longest = std::max(longest, counts[r]);
     }
     if (at[R] == 0) return;
-    const std::size_t P = 2 * ((at[R] + R - 1) / R);
+    const std::size_t P = std::min(lim_.round, 2 * ((at[R] + R - 1) / R));
     // (the rounds reuse it: each round's receives are queued after the last round's sum, which
     // reads it, on the same stream)
     float* pieces = pieces_for(std::min(P, counts[me]) * R);
@@ -209,6 +223,7 @@ class nccl_communicator {
   cudaStream_t stream_ = nullptr;
   int rank_ = 0, size_ = 1;
   std::uint64_t sent_ = 0;
+  limits lim_;
   device_array<float> pieces_;  // the ranks' pieces of my shard
   device_array<int> flag_;      // all_agree's vote
   std::vector<std::size_t> at_;  // where each rank's block starts, in the call at hand
