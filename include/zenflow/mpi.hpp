@@ -155,7 +155,8 @@ class mpi_communicator {
       for (std::size_t r = 0; r < R; ++r) {  // this round: elements [off, off + len) of segment r
         const std::size_t len = counts[r] > off ? std::min(round_max, counts[r] - off) : 0;
         counts_[r] = int(len);
-        displs_[r] = int(in_place ? seg + off : packed);
+        // (an empty piece's offset is 0: seg + off may pass int's range once segment r is done)
+        displs_[r] = len == 0 ? 0 : int(in_place ? seg + off : packed);
         if (!in_place) {
           packed_.resize(packed + len);
           std::copy_n(data + seg + off, len, packed_.data() + packed);

@@ -1202,6 +1202,7 @@ class optimizer {
 
   // What build() made, undone (initialize() failed): the optimizer as registered.
   void unbuild() {
+    if constexpr (requires { space_.forget_queued_work(); }) space_.forget_queued_work();
     host_ = HostAccumulator(cfg_.host_threads);
     updater_ = GpuUpdater{};
     grad_compact_ = {};
