@@ -78,8 +78,7 @@ class mpi_communicator {
   std::uint64_t bytes_sent() const noexcept { return sent_; }
   // The host memory it keeps between calls: the receive buffer of the ranks' pieces (about a
   // round's worth; within twice the data in reduce_scatter), the shard and packing buffers, the
-  // count arrays. (In the optimizer's
-  // stats().host_pageable_bytes.)
+  // count arrays. (In the optimizer's stats().host_pageable_bytes.)
   std::size_t bytes_allocated() const noexcept {
     return sizeof(float) * (pieces_.capacity() + shard_.capacity() + packed_.capacity()) +
            sizeof(int) * (counts_.capacity() + displs_.capacity() + mine_.capacity() + mine_displs_.capacity());

@@ -82,8 +82,9 @@ class nccl_communicator {
   ~nccl_communicator() = default;
 
  protected:
-  // At most `round` elements of each rank's segment in one reduce_scatter round (besides the
-  // rule below): a small value makes the rounds run with one rank and even segments (the tests).
+  // At most `round` elements of each rank's segment in one reduce_scatter round (besides
+  // reduce_scatter's own rule): a small value makes the rounds run with one rank and even
+  // segments (the tests).
   struct limits {
     std::size_t round = std::numeric_limits<std::size_t>::max();
   };
@@ -93,7 +94,6 @@ class nccl_communicator {
   }
 
  public:
-
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   std::uint64_t bytes_sent() const noexcept { return sent_; }
@@ -129,8 +129,9 @@ class nccl_communicator {
 
   // See communicator_policy (the optional member); data is device memory. Enqueued on the stream.
   // Round j moves elements [j P, (j + 1) P) of every segment, P = 2 ceil(total / R) (as
-  // mpi_communicator's): the receive buffer, P from every rank, stays within about twice the
-  // data however the segments are split; segments within twice their share go in one round.
+  // mpi_communicator's; at most the limits' round): the receive buffer, P from every rank, stays
+  // within about twice the data however the segments are split; segments within twice their
+  // share go in one round.
   void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
     auto& at = at_;
