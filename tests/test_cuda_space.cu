@@ -655,28 +655,6 @@ TEST_CASE("cuda: steps on alternating streams wait for each other and train as o
   for (auto& x : s) ZF_CUDA_TRY(cudaStreamDestroy(x));
 }
 
-// An error that an earlier CUDA call of the trainer's thread left unchecked (not sticky: here
-// cudaSetDevice asked for a device that does not exist; NCCL 2.28.3 linked statically leaves one
-// from a failed cudaFuncGetAttributes) is not taken for the failure of the optimizer's next
-// launch: the step goes on. (Without the clearing at the entry point, the first launch check of
-// the step reads it as the thread's last error and throws.)
-TEST_CASE("cuda: an error another call left on the thread does not fail the next step" * doctest::skip(!has_gpu())) {
-  small_problem pb(64, 96, 1);
-  optimizer<cuda_space> opt(pb.cfg);
-  opt.add_matrix(pb.param());
-  opt.initialize();
-  int devices = 0;
-  ZF_CUDA_TRY(cudaGetDeviceCount(&devices));
-  for (int t = 0; t < 3; ++t) {
-    REQUIRE(cudaSetDevice(devices) != cudaSuccess);  // (the current device stays)
-    REQUIRE(cudaPeekAtLastError() != cudaSuccess);   // what the runtime keeps for the next check
-    step_info info{};
-    CHECK_NOTHROW(info = opt.step(1.0f));
-    CHECK_FALSE(info.skipped);
-  }
-  ZF_CUDA_TRY(cudaDeviceSynchronize());
-}
-
 // New device memory reads as zero from a non-blocking stream at once: the zeroing is complete
 // when the array exists (it used to run on the default stream, unordered with such a stream).
 // The old memory is filled first and freed, so a reallocation that reuses it and races its zeroing

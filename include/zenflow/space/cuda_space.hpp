@@ -234,15 +234,9 @@ class cuda_space {
   }
   int device() const noexcept { return device_; }
   // Makes this space's device current on the calling thread (the optimizer calls it at each
-  // public entry point; nothing to do before initialize() has chosen the device). An error that
-  // the thread's earlier CUDA calls left unchecked — a query's NotReady, another library's failed
-  // probe (NCCL 2.28.3 linked statically leaves one from cudaFuncGetAttributes) — is not ours:
-  // it is cleared, so that the next launch check does not report it as a launch's failure. A
-  // sticky error (a lost context) stays and fails the next call that meets it.
+  // public entry point; nothing to do before initialize() has chosen the device).
   void activate() {
-    if (device_ < 0) return;
-    ZF_CUDA_TRY(cudaSetDevice(device_));
-    (void)cudaGetLastError();
+    if (device_ >= 0) ZF_CUDA_TRY(cudaSetDevice(device_));
   }
 
   // The stream the device work goes on from now on. When it changes after initialize(), the new
