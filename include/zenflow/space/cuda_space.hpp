@@ -243,19 +243,24 @@ class cuda_space {
   // stream first waits, on the device, for everything queued on the old one so far: the
   // optimizer's buffers and per-step tables were last used there, and the next step must not
   // overtake that work (it waits for the trainer's later work there too: a conservative order).
-  // If the runtime refuses the old stream (the trainer destroyed it), the host waits for the
-  // whole device instead: slower, as safe. The stream is the new one either way.
+  // A stream the trainer destroyed is undefined to use: keep the old one alive until the switch.
+  // Should the runtime refuse it anyway, the host waits for the whole device instead (best
+  // effort). The stream changes only once the hand-over is in place: if it throws, the next call
+  // tries again.
   void set_stream(cudaStream_t s) {
-    const cudaStream_t old = std::exchange(stream_, s);
-    if (s == old || !live_) return;
+    if (s == stream_ || !live_) {
+      stream_ = s;
+      return;
+    }
     activate();
     handoff_.create();
-    if (cudaEventRecord(handoff_.get(), old) == cudaSuccess) {
+    if (cudaEventRecord(handoff_.get(), stream_) == cudaSuccess) {
       ZF_CUDA_TRY(cudaStreamWaitEvent(s, handoff_.get(), 0));
     } else {
       (void)cudaGetLastError();  // (that refusal, not left for a later launch check to find)
       ZF_CUDA_TRY(cudaDeviceSynchronize());
     }
+    stream_ = s;
   }
   // Nothing of the optimizer's is queued any more (a failed initialize() freed everything): the
   // next change of stream needs no hand-over.
