@@ -140,26 +140,7 @@ std::vector<unsigned char> state_of(Opt& opt, model& m) {
     model::down(m.w1, m.dw1);
     model::down(m.b2, m.db2);
   }
-  std::vector<unsigned char> out;
-  auto add = [&](const void* p, std::size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    out.insert(out.end(), b, b + n);
-  };
-  add(m.w0.data(), 4 * m.w0.size());
-  add(m.w1.data(), 2 * m.w1.size());
-  add(m.b2.data(), 4 * m.b2.size());
-  for (std::size_t k = 0; k < 2; ++k) {
-    std::vector<float> x(k == 0 ? R0 * C0 : R1 * C1);
-    for (int what = 0; what < 3; ++what) {
-      if (what == 0) opt.copy_master(matrix_id{k}, x.data());
-      if (what == 1) opt.copy_exp_avg(matrix_id{k}, x.data());
-      if (what == 2) opt.copy_exp_avg_sq(matrix_id{k}, x.data());
-      add(x.data(), 4 * x.size());
-    }
-    const auto counts = opt.column_counts(matrix_id{k});
-    add(counts.data(), 4 * counts.size());
-  }
-  return out;
+  return zf_dp_test::state_bytes(opt, m.w0, m.w1, m.b2);
 }
 
 struct run_out {

@@ -48,29 +48,12 @@ struct model {
   }
 };
 
-// Params, masters and moments after a run, as bytes (synchronize and the copies are collectives
-// with a multi-process communicator: every rank calls this).
+// Params, masters, moments and counts after a run, as bytes (synchronize and the copies are
+// collectives with a multi-process communicator: every rank calls this).
 template <class Opt>
 std::vector<unsigned char> state_of(Opt& opt, model& m) {
   opt.synchronize();
-  std::vector<unsigned char> out;
-  auto add = [&](const void* p, std::size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    out.insert(out.end(), b, b + n);
-  };
-  add(m.w0.data(), 4 * m.w0.size());
-  add(m.w1.data(), 2 * m.w1.size());
-  add(m.b2.data(), 4 * m.b2.size());
-  for (std::size_t k = 0; k < 2; ++k) {
-    std::vector<float> x(k == 0 ? R0 * C0 : R1 * C1);
-    for (int what = 0; what < 3; ++what) {
-      if (what == 0) opt.copy_master(zenflow::matrix_id{k}, x.data());
-      if (what == 1) opt.copy_exp_avg(zenflow::matrix_id{k}, x.data());
-      if (what == 2) opt.copy_exp_avg_sq(zenflow::matrix_id{k}, x.data());
-      add(x.data(), 4 * x.size());
-    }
-  }
-  return out;
+  return state_bytes(opt, m.w0, m.w1, m.b2);
 }
 
 }  // namespace zf_dp_test

@@ -11,6 +11,7 @@
 
 #include <zenflow/config.hpp>
 #include <zenflow/numeric.hpp>
+#include <zenflow/params.hpp>
 
 namespace zf_dp_test {
 
@@ -70,5 +71,33 @@ struct gradient_source {
     fill(m.g2, 2, s, rank, ranks, op);
   }
 };
+
+// A run's state as bytes, to compare bit for bit: the three params (host copies: w0, w1, b2 in
+// the order above), then each matrix's master, moments and column counts read through the
+// optimizer (collectives with a multi-process communicator: every rank calls this). The caller
+// has synchronized the optimizer and brought device params to the host.
+template <class Opt, class W0, class W1, class B2>
+std::vector<unsigned char> state_bytes(Opt& opt, const W0& w0, const W1& w1, const B2& b2) {
+  std::vector<unsigned char> out;
+  auto add = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  add(w0.data(), sizeof(w0[0]) * w0.size());
+  add(w1.data(), sizeof(w1[0]) * w1.size());
+  add(b2.data(), sizeof(b2[0]) * b2.size());
+  for (std::size_t k = 0; k < 2; ++k) {
+    std::vector<float> x(k == 0 ? R0 * C0 : R1 * C1);
+    for (int what = 0; what < 3; ++what) {
+      if (what == 0) opt.copy_master(zenflow::matrix_id{k}, x.data());
+      if (what == 1) opt.copy_exp_avg(zenflow::matrix_id{k}, x.data());
+      if (what == 2) opt.copy_exp_avg_sq(zenflow::matrix_id{k}, x.data());
+      add(x.data(), 4 * x.size());
+    }
+    const auto counts = opt.column_counts(zenflow::matrix_id{k});
+    add(counts.data(), 4 * counts.size());
+  }
+  return out;
+}
 
 }  // namespace zf_dp_test
