@@ -2,10 +2,11 @@
 // Communicator whose collectives meet in shared memory under a barrier, with the communicator
 // contract's arithmetic (the rank-order fp32 sum of communicator.hpp, detail::reduce_in_rank_order)
 // and mpi_communicator's byte counts; with reduce_scatter (the optimizer then reduce-scatters the
-// matrices' gradients by column blocks), hub_allreduce_communicator without. Used where MPI is not
-// at hand or not wanted: the checkpoint fuzzer's seed writer (sharded sets of 2 and 3 ranks), and
-// test_data_parallel_threads, which runs the data-parallel path in one process — so also under
-// ThreadSanitizer, which cannot follow MPI.
+// matrices' gradients by column blocks), hub_allreduce_communicator without. Used where MPI is
+// not at hand or not wanted: the checkpoint fuzzer's seed writer (sharded sets of 2 and 3 ranks),
+// and test_data_parallel_threads, which runs the data-parallel path in one process — so also
+// under ThreadSanitizer, which cannot follow MPI. The same collectives over GPU memory
+// (basic_hub_communicator with another Staging) run test_cuda_data_parallel's ranks.
 #pragma once
 
 #include <condition_variable>
@@ -65,10 +66,13 @@ class thread_hub {
   bool aborted_ = false;
 };
 
-class hub_communicator {
+// The hub's collectives over any memory space: Staging copies a rank's data between where the
+// optimizer keeps it and host memory (down: to the host, up: back; complete on return) and names
+// the space (`using space`). The arithmetic and the byte counts are the same for every space.
+template <class Staging>
+class basic_hub_communicator : public Staging {
  public:
-  using space = zenflow::host_space;
-  hub_communicator(thread_hub& h, int rank) : h_(&h), rank_(rank) {}
+  basic_hub_communicator(thread_hub& h, int rank) : h_(&h), rank_(rank) {}
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return h_->R; }
   std::uint64_t bytes_sent() const noexcept { return sent_; }
@@ -78,12 +82,13 @@ class hub_communicator {
     if (R == 1 || n == 0) return;
     auto& mine = h_->slots[std::size_t(rank_)];
     mine.resize(4 * n);
-    std::memcpy(mine.data(), data, 4 * n);
+    this->down(mine.data(), data, 4 * n);
     h_->barrier();
-    std::vector<float> pieces(R * n);
+    std::vector<float> pieces(R * n), out(n);
     for (std::size_t r = 0; r < R; ++r) std::memcpy(pieces.data() + r * n, h_->slots[r].data(), 4 * n);
     h_->barrier();  // (every rank has read every slot before any writes its next one)
-    zenflow::detail::reduce_in_rank_order(pieces.data(), n, h_->R, op, data);
+    zenflow::detail::reduce_in_rank_order(pieces.data(), n, h_->R, op, out.data());
+    this->up(data, out.data(), 4 * n);
     const std::size_t m = zenflow::detail::shard_begin(n, h_->R, rank_ + 1) - zenflow::detail::shard_begin(n, h_->R, rank_);
     sent_ += ((n - m) + m * (R - 1)) * sizeof(float);
   }
@@ -96,13 +101,14 @@ class hub_communicator {
     for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
     auto& mine = h_->slots[me];
     mine.resize(4 * at[R]);
-    if (at[R]) std::memcpy(mine.data(), data, 4 * at[R]);
+    this->down(mine.data(), data, 4 * at[R]);
     h_->barrier();
     const std::size_t m = counts[me];
-    std::vector<float> pieces(R * m);
+    std::vector<float> pieces(R * m), out(m);
     for (std::size_t r = 0; r < R && m; ++r) std::memcpy(pieces.data() + r * m, h_->slots[r].data() + 4 * at[me], 4 * m);
     h_->barrier();
-    if (m) zenflow::detail::reduce_in_rank_order(pieces.data(), m, h_->R, op, data + at[me]);
+    if (m) zenflow::detail::reduce_in_rank_order(pieces.data(), m, h_->R, op, out.data());
+    this->up(data + at[me], out.data(), 4 * m);
     sent_ += (at[R] - m) * sizeof(float);
   }
   void all_gather(void* data, const std::size_t* bytes) {
@@ -111,10 +117,12 @@ class hub_communicator {
     std::vector<std::size_t> at(R + 1, 0);
     for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + bytes[r];
     auto* d = static_cast<unsigned char*>(data);
-    h_->slots[me].assign(d + at[me], d + at[me + 1]);
+    auto& mine = h_->slots[me];
+    mine.resize(bytes[me]);
+    this->down(mine.data(), d + at[me], bytes[me]);
     h_->barrier();
     for (std::size_t r = 0; r < R; ++r)
-      if (r != me && bytes[r]) std::memcpy(d + at[r], h_->slots[r].data(), bytes[r]);
+      if (r != me) this->up(d + at[r], h_->slots[r].data(), bytes[r]);
     h_->barrier();
   }
   bool all_agree(bool ok) {
@@ -131,11 +139,26 @@ class hub_communicator {
   int rank_;
   std::uint64_t sent_ = 0;
 };
-static_assert(zenflow::communicator_policy<hub_communicator>);
-struct hub_allreduce_communicator : hub_communicator {
-  using hub_communicator::hub_communicator;
+// ... without reduce_scatter: the optimizer all-reduces every gradient
+template <class Staging>
+struct basic_hub_allreduce_communicator : basic_hub_communicator<Staging> {
+  using basic_hub_communicator<Staging>::basic_hub_communicator;
   void reduce_scatter(float*, const std::size_t*, zenflow::reduce_op) = delete;
 };
+
+// The host space: the data already is in host memory.
+struct host_staging {
+  using space = zenflow::host_space;
+  static void down(void* host, const void* data, std::size_t n) {
+    if (n) std::memcpy(host, data, n);
+  }
+  static void up(void* data, const void* host, std::size_t n) {
+    if (n) std::memcpy(data, host, n);
+  }
+};
+using hub_communicator = basic_hub_communicator<host_staging>;
+using hub_allreduce_communicator = basic_hub_allreduce_communicator<host_staging>;
+static_assert(zenflow::communicator_policy<hub_communicator>);
 
 // Runs body(rank) on R threads; if one throws, the others are released from the hub's barriers
 // and the lowest rank's own error is rethrown here (a released rank's hub_aborted only if no

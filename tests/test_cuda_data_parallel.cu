@@ -30,76 +30,16 @@ using zf_test::has_gpu;
 
 namespace {
 
-// R ranks on ONE GPU, a thread each, without NCCL (which refuses two ranks on one GPU): the
-// collectives go through host memory under a barrier, with the communicator contract's arithmetic
-// (the rank-order fp32 sum of communicator.hpp) and nccl_communicator's byte count. It runs the
-// optimizer's data-parallel CUDA path (sharded host state, gathers, uploads ahead, the fused
-// compaction's per-rank places) at R > 1 where only one GPU is present.
-// (the barrier and the ranks' slots: host_hub.hpp's, shared with the host-space tests)
+// R ranks on ONE GPU, a thread each, without NCCL (which refuses two ranks on one GPU): host_hub's
+// collectives (the communicator contract's arithmetic, the rank-order fp32 sum of
+// communicator.hpp; nccl_communicator's byte counts), each rank's data staged through host memory
+// on the optimizer's stream. It runs the optimizer's data-parallel CUDA path (sharded host state,
+// gathers, uploads ahead, the fused compaction's per-rank places) at R > 1 where only one GPU is
+// present.
 using hub = zf_test::thread_hub;
-class hub_communicator {
- public:
+struct device_staging {
   using space = cuda_space;
-  hub_communicator(hub& h, int rank) : h_(&h), rank_(rank) {}
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return h_->R; }
-  std::uint64_t bytes_sent() const noexcept { return sent_; }
   void set_stream(cudaStream_t s) noexcept { stream_ = s; }
-  void reduce(float* data, std::size_t n, reduce_op op) {
-    if (n == 0) return;
-    const std::size_t R = std::size_t(h_->R);
-    auto& mine = h_->slots[std::size_t(rank_)];
-    mine.resize(4 * n);
-    down(mine.data(), data, 4 * n);
-    h_->barrier();
-    std::vector<float> pieces(R * n), out(n);
-    for (std::size_t r = 0; r < R; ++r) std::memcpy(pieces.data() + r * n, h_->slots[r].data(), 4 * n);
-    h_->barrier();  // (every rank has read every slot)
-    detail::reduce_in_rank_order(pieces.data(), n, h_->R, op, out.data());
-    up(data, out.data(), 4 * n);
-    const std::size_t m = detail::shard_begin(n, h_->R, rank_ + 1) - detail::shard_begin(n, h_->R, rank_);
-    sent_ += ((n - m) + m * (R - 1)) * sizeof(float);
-  }
-  // (the optional member: with it the optimizer reduce-scatters the matrices' gradients)
-  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
-    const std::size_t R = std::size_t(h_->R), me = std::size_t(rank_);
-    std::vector<std::size_t> at(R + 1, 0);
-    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + counts[r];
-    auto& mine = h_->slots[me];
-    mine.resize(4 * at[R]);
-    down(mine.data(), data, 4 * at[R]);
-    h_->barrier();
-    const std::size_t m = counts[me];
-    std::vector<float> pieces(R * m), out(m);
-    for (std::size_t r = 0; r < R; ++r) std::memcpy(pieces.data() + r * m, h_->slots[r].data() + 4 * at[me], 4 * m);
-    h_->barrier();
-    detail::reduce_in_rank_order(pieces.data(), m, h_->R, op, out.data());
-    up(data + at[me], out.data(), 4 * m);
-    sent_ += (at[R] - m) * sizeof(float);
-  }
-  void all_gather(void* data, const std::size_t* bytes) {
-    const std::size_t R = std::size_t(h_->R);
-    std::vector<std::size_t> at(R + 1, 0);
-    for (std::size_t r = 0; r < R; ++r) at[r + 1] = at[r] + bytes[r];
-    auto* d = static_cast<unsigned char*>(data);
-    auto& mine = h_->slots[std::size_t(rank_)];
-    mine.resize(bytes[rank_]);
-    down(mine.data(), d + at[std::size_t(rank_)], bytes[rank_]);
-    h_->barrier();
-    for (std::size_t r = 0; r < R; ++r)
-      if (r != std::size_t(rank_)) up(d + at[r], h_->slots[r].data(), bytes[r]);
-    h_->barrier();
-  }
-  bool all_agree(bool ok) {
-    h_->slots[std::size_t(rank_)].assign(1, ok ? 1 : 0);
-    h_->barrier();
-    bool all = true;
-    for (const auto& x : h_->slots) all = all && x[0] != 0;
-    h_->barrier();
-    return all;
-  }
-
- private:
   // copies ordered on the optimizer's stream, complete on return
   void down(void* host, const void* dev, std::size_t n) {
     if (!n) return;
@@ -111,17 +51,13 @@ class hub_communicator {
     ZF_CUDA_TRY(cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, stream_));
     ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
-  hub* h_;
-  int rank_;
   cudaStream_t stream_ = nullptr;
-  std::uint64_t sent_ = 0;
 };
+// (with reduce_scatter the optimizer reduce-scatters the matrices' gradients; without, it
+// all-reduces every gradient)
+using hub_communicator = zf_test::basic_hub_communicator<device_staging>;
+using hub_allreduce_communicator = zf_test::basic_hub_allreduce_communicator<device_staging>;
 static_assert(communicator_policy<hub_communicator>);
-// ... without reduce_scatter: the optimizer all-reduces every gradient
-struct hub_allreduce_communicator : hub_communicator {
-  using hub_communicator::hub_communicator;
-  void reduce_scatter(float*, const std::size_t*, reduce_op) = delete;
-};
 
 static_assert(dp_optimizer<hub_communicator>::reduce_scatters && !dp_optimizer<hub_allreduce_communicator>::reduce_scatters);
 
