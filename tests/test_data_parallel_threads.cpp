@@ -19,6 +19,7 @@
 
 #include "data_parallel_model.hpp"
 #include "data_parallel_support.hpp"
+#include "error_slot_space.hpp"
 #include "host_hub.hpp"
 
 using namespace zenflow;
@@ -171,3 +172,55 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 
   for (const auto& e : std::filesystem::directory_iterator(ZF_TEST_TMP_DIR))
     if (e.path().filename().string().rfind("threads_set.ckpt", 0) == 0) std::filesystem::remove(e.path());
 }
+
+TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one rank's thread refuses that step on "
+          "every rank, nothing changed") {
+  // (CUDA's last-error slot, played on the host by error_slot_space: a rank throwing alone
+  // before the step's collectives would leave the others waiting in them, so the step's vote
+  // carries it)
+  using zf_test::error_slot_space;
+  using slot_optimizer = optimizer<error_slot_space, column_topk, fused_adamw<error_slot_space>, simd_accumulator,
+                                   host_copy, bounded_async, zf_test::hub_communicator>;
+  const int R = 3, n = 13, bad = 6;
+  const config cfg = test_config(true);
+  const gradient_source src;
+  model rm;
+  optimizer<> ref(cfg);
+  rm.add_to(ref);
+  ref.initialize();
+  feed_reduced(ref, rm, src, R, reduce_op::mean, 0, n);
+  const auto want = state_of(ref, rm);
+
+  zf_test::thread_hub hub(R);
+  std::vector<std::vector<unsigned char>> got(R);
+  std::vector<std::string> refused(R);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    slot_optimizer opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    for (int s = 0; s < n; ++s) {
+      src.fill_all(m, s, r, 0, reduce_op::mean);
+      if (s == bad) {
+        if (r == 1) error_slot_space::left = 5;
+        try {
+          opt.step();
+        } catch (const std::runtime_error& e) {
+          refused[std::size_t(r)] = e.what();
+        }
+        error_slot_space::left = 0;
+      }
+      opt.step();  // (at s == bad: the step again, once rank 1 cleared its error)
+    }
+    got[std::size_t(r)] = state_of(opt, m);
+  });
+  CHECK(refused[1] == "step(): error 5 left by an earlier call");  // rank 1: its own error
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    CHECK(refused[std::size_t(r)] ==
+          "zenflow: step() refused on every rank: rank 1 has an error left on its thread by an earlier call, not "
+          "zenflow's (it throws that error); nothing was changed: step again once that rank has cleared it");
+  }
+  for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);  // as if the refused step never was
+}
+

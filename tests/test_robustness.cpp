@@ -1,5 +1,6 @@
-// Calls that must not poison the optimizer's state: a grad_scale whose reciprocal overflows, a
-// finite gradient that overflows once unscaled, a step that fails midway, impossible sizes, and
+// Calls that must not poison the optimizer's state: a grad_scale whose reciprocal overflows, an
+// error an earlier call left on the thread, a finite gradient that overflows once unscaled, a
+// step that fails midway, impossible sizes, and
 // concurrent saves to one path. Each case checks the state against a run without the bad call
 // (the same bits) or checks that the optimizer refuses further work with a clear error.
 #include <doctest/doctest.h>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
+
+#include "error_slot_space.hpp"
 
 using namespace zenflow;
 namespace json = zenflow::detail::json;
@@ -41,10 +44,10 @@ void gradients(std::vector<float>& dw, int s) {
 
 // The params and fp32 masters after `steps` good steps, with `bad(opt, dw)` called after the
 // third one (it must leave no trace).
-template <class Bad>
+template <class Opt = optimizer<>, class Bad>
 std::pair<std::vector<float>, std::vector<float>> run(bool overlap, int steps, Bad&& bad) {
   std::vector<float> w(R * C, 0.25f), dw(R * C);
-  optimizer<> opt(small_config(overlap));
+  Opt opt(small_config(overlap));
   opt.add_matrix({w.data(), dw.data(), R, C});
   opt.initialize();
   for (int s = 0; s < steps; ++s) {
@@ -77,6 +80,38 @@ TEST_CASE("a grad_scale whose reciprocal overflows fp32 is refused before anythi
     });
     CHECK(ref == got);
   }
+}
+
+TEST_CASE("an error an earlier call left on the thread is refused before anything changes, until it is cleared") {
+  // (CUDA's last-error slot: zenflow's launch checks would read the trainer's unchecked error as
+  // their own kernel's failure; error_slot_space plays that slot on the host)
+  using zf_test::error_slot_space;
+  using slot_optimizer =
+      optimizer<error_slot_space, column_topk, fused_adamw<error_slot_space>, simd_accumulator, host_copy, bounded_async>;
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    const auto ref = run(overlap, 8, [](optimizer<>&, std::vector<float>&) {});
+    const auto got = run<slot_optimizer>(overlap, 8, [](slot_optimizer& opt, std::vector<float>&) {
+      const auto before = opt.stats();
+      error_slot_space::left = 7;
+      for (int i = 0; i < 2; ++i)  // refused as long as the error stays, usable all along
+        CHECK_THROWS_WITH_AS(opt.step(2.0f), "step(): error 7 left by an earlier call", std::runtime_error);
+      error_slot_space::left = 0;
+      CHECK(opt.stats().steps == before.steps);
+      CHECK(opt.stats().skipped_steps == before.skipped_steps);
+    });
+    CHECK(ref == got);  // the run goes on as one without the refused calls, bit for bit
+  }
+  // initialize(): refused, nothing built; once cleared it initialises
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  slot_optimizer opt(small_config(false));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  error_slot_space::left = 3;
+  CHECK_THROWS_WITH_AS(opt.initialize(), "initialize(): error 3 left by an earlier call", std::runtime_error);
+  CHECK_FALSE(opt.initialized());
+  error_slot_space::left = 0;
+  opt.initialize();
+  CHECK(opt.initialized());
 }
 
 TEST_CASE("a finite gradient that overflows once unscaled skips the step and changes nothing") {

@@ -242,8 +242,10 @@ class optimizer {
   // One optimizer step with the gradients currently in the registered grad buffers, which hold
   // the loss scaled by grad_scale. Returns what happened; a gradient that is not finite, or that
   // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
-  // are checked before anything changes; if the step still fails midway (a device or transfer
-  // error), the optimizer refuses step() and save() until a checkpoint is loaded. Data
+  // are checked before anything changes (so is the calling thread's CUDA error slot: an error
+  // an earlier call left there throws, see check_no_pending_error); if the step still fails
+  // midway (a device or transfer error), the optimizer refuses step() and save() until a
+  // checkpoint is loaded. Data
   // parallel, every rank calls it (a collective) with the same grad_scale (compared first, with
   // whether every rank can step: agree_to_step): the ranks' gradients are reduced first, so
   // every rank takes the same decisions and keeps the same state. Afterwards the grad buffers
@@ -256,6 +258,7 @@ class optimizer {
     enter();
     if (distributed()) agree_to_step(grad_scale);
     check_usable();
+    check_no_pending_error("step()");
     check_grad_scale(grad_scale);
     // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
     if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
@@ -984,31 +987,38 @@ class optimizer {
       fail("grad_scale " + detail::exact(s) + " is too small: 1 / grad_scale overflows fp32");
   }
   // Data parallel, before a step's first collective: each rank's grad_scale and whether it can
-  // step (no step failed midway there; no background job's error already waiting), gathered (8
-  // bytes a rank, in bytes_reduced), so that every rank decides alike. A rank that cannot step,
-  // a grad_scale that is invalid on some rank, or grad_scales that differ (the ranks would apply
-  // different updates to what must stay the same state) make every rank throw here, nothing
-  // changed — instead of the others waiting in a collective that rank never joins, or the
-  // states drifting apart. The rank at fault throws its own error. (A background job that fails
+  // step (no step failed midway there; no background job's error already waiting; no error an
+  // earlier call left on its thread), gathered (8 bytes a rank, in bytes_reduced), so that every
+  // rank decides alike. A rank that cannot step, a grad_scale that is invalid on some rank, or
+  // grad_scales that differ (the ranks would apply different updates to what must stay the same
+  // state) make every rank throw here, nothing changed — instead of the others waiting in a
+  // collective that rank never joins, or the states drifting apart. The rank at fault throws its
+  // own error. (A background job that fails
   // after this point still surfaces on its rank alone, later in the step: see the README.)
   struct step_vote {
     float scale;
-    std::uint32_t cannot;  // 1: a step failed midway; 2: a background job's error waits
+    // 1: a step failed midway; 2: a background job's error waits; 3: an earlier call left an
+    // error on the thread (error_pending: a CUDA error nobody checked)
+    std::uint32_t cannot;
   };
   static_assert(sizeof(step_vote) == 8);
+  bool scheduler_failed() {
+    if constexpr (requires { scheduler_.failed(); }) return scheduler_.failed();
+    else return false;
+  }
   void agree_to_step(float grad_scale) {
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
     auto& votes = votes_;  // (members: sized once, no allocation a step)
     votes.assign(R, step_vote{0.0f, 0});
     votes[me].scale = grad_scale;
     if (!broken_.empty()) votes[me].cannot = 1;
-    else if constexpr (requires { scheduler_.failed(); })
-      if (scheduler_.failed()) votes[me].cannot = 2;
+    else if (scheduler_failed()) votes[me].cannot = 2;
+    else if (error_pending()) votes[me].cannot = 3;
     vote_bytes_.assign(R, sizeof(step_vote));
     all_gather_host(votes.data(), vote_bytes_.data());
     shared_ += std::uint64_t(R - 1) * sizeof(step_vote);
     for (std::size_t r = 0; r < R; ++r) {
-      if (!votes[r].cannot) continue;
+      if (votes[r].cannot != 1 && votes[r].cannot != 2) continue;
       if (r == me) {
         if (votes[r].cannot == 2) quiesce();  // throws the job's error (and marks this rank)
         check_usable();
@@ -1016,6 +1026,15 @@ class optimizer {
       broken_ = "rank " + std::to_string(r) + (votes[r].cannot == 1 ? "'s optimizer failed midway" : "'s background job failed");
       throw std::runtime_error("zenflow: step() refused on every rank: " + broken_ +
                                "; the ranks are no longer in step: load a checkpoint on every rank to go on");
+    }
+    // An error an earlier call left on a rank's thread is that call's, not the state's: every
+    // rank refuses this step with nothing changed, and steps again once it is cleared.
+    for (std::size_t r = 0; r < R; ++r) {
+      if (votes[r].cannot != 3) continue;
+      if (r == me) check_no_pending_error("step()");
+      throw std::runtime_error("zenflow: step() refused on every rank: rank " + std::to_string(r) +
+                               " has an error left on its thread by an earlier call, not zenflow's (it throws "
+                               "that error); nothing was changed: step again once that rank has cleared it");
     }
     for (std::size_t r = 0; r < R; ++r) {
       if (grad_scale_ok(votes[r].scale)) continue;
@@ -1074,6 +1093,18 @@ class optimizer {
   void enter() {
     if constexpr (requires(Space& s) { s.activate(); }) space_.activate();
   }
+  // A space whose errors wait on the calling thread from call to call (CUDA's last-error slot)
+  // reports one that an earlier call, not zenflow's, left there before initialize() or step()
+  // change anything: zenflow's own checks would otherwise pin it on zenflow's next kernel.
+  // (cuda_space::check_no_pending_error; other spaces have nothing to report.)
+  bool error_pending() const noexcept {
+    if constexpr (requires(const Space& s) { { s.error_pending() } -> std::convertible_to<bool>; })
+      return space_.error_pending();
+    else return false;
+  }
+  void check_no_pending_error(const char* call) const {
+    if constexpr (requires(const Space& s) { s.check_no_pending_error(call); }) space_.check_no_pending_error(call);
+  }
   // Matrix i's parameter group applied to the optimizer's hyperparameters.
   adamw_hyper matrix_hyper(std::size_t i, const adamw_hyper& h) const noexcept {
     return group_hyper(h, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
@@ -1084,6 +1115,7 @@ class optimizer {
 
   void build() {
     space_.initialize();
+    check_no_pending_error("initialize()");
     if constexpr (requires { updater_.reserve(std::size_t{}, std::size_t{}); })
       updater_.reserve(matrices_.size(), vectors_.size());
     if constexpr (requires { host_.reserve(std::size_t{}); }) host_.reserve(matrices_.size());

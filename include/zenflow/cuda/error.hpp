@@ -22,7 +22,13 @@ class cuda_error : public std::runtime_error {
 };
 
 namespace cuda_detail {
+// The error is also taken off the thread's last-error slot (where a failed runtime call leaves
+// it, as a failed launch does): it is reported here, and left there the next launch check would
+// report it again as that kernel's failure — a cudaMalloc that failed in initialize(), retried
+// after the trainer freed memory, would make the first kernel "fail" with out of memory. (A
+// sticky error, a device fault, stays: every later call returns it anyway.)
 [[noreturn]] inline void throw_error(cudaError_t e, const char* call, const char* file, int line) {
+  (void)cudaGetLastError();
   throw cuda_error(e, std::string("zenflow: ") + call + " failed at " + file + ":" + std::to_string(line) + ": " +
                           cudaGetErrorName(e) + " (" + std::to_string(int(e)) + "): " + cudaGetErrorString(e));
 }

@@ -221,9 +221,11 @@ class cuda_space {
   void initialize() {
     int n = 0;  // left unwritten when there is no driver
     const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // (reported here: see cuda_detail::throw_error)
       throw cuda_error(e, std::string("zenflow: cuda_space needs a CUDA GPU: cudaGetDeviceCount: ") +
                               cudaGetErrorName(e) + " (" + std::to_string(int(e)) + "): " + cudaGetErrorString(e));
+    }
     if (n == 0) throw cuda_error(cudaErrorNoDevice, "zenflow: cuda_space needs a CUDA GPU: no CUDA device found");
     if (device_ >= n)
       throw cuda_error(cudaErrorInvalidDevice, "zenflow: cuda_space: device " + std::to_string(device_) +
@@ -231,6 +233,25 @@ class cuda_space {
     if (device_ >= 0) ZF_CUDA_TRY(cudaSetDevice(device_));
     else ZF_CUDA_TRY(cudaGetDevice(&device_));
     live_ = true;
+  }
+  // A CUDA error waiting in the calling thread's last-error slot from before a call into zenflow:
+  // an earlier launch or runtime call whose status nobody read (the trainer's, or a library's).
+  // zenflow's launch checks read that slot, so it would be reported as the failure of zenflow's
+  // next kernel, and the trainer's own failure (a backward that did not launch) would be
+  // misnamed. step() and initialize() look first (the optimizer calls these two) and throw this
+  // instead, before anything changed, leaving the slot as it is: the error is the caller's to
+  // read. A stream or event query's "not ready" is no error.
+  static bool error_pending() noexcept {
+    const cudaError_t e = cudaPeekAtLastError();
+    return e != cudaSuccess && e != cudaErrorNotReady;
+  }
+  static void check_no_pending_error(const char* call) {
+    const cudaError_t e = cudaPeekAtLastError();
+    if (e == cudaSuccess || e == cudaErrorNotReady) return;
+    throw cuda_error(e, std::string("zenflow: ") + call + ": a CUDA error from an earlier call on this thread was never checked: " +
+                            cudaGetErrorName(e) + " (" + std::to_string(int(e)) + "): " + cudaGetErrorString(e) +
+                            "; nothing was done. cudaGetLastError() reads and clears it (unless it is a sticky device "
+                            "fault, which ends the CUDA context); see the README for NCCL 2.28.3 linked statically");
   }
   int device() const noexcept { return device_; }
   // Makes this space's device current on the calling thread (the optimizer calls it at each
