@@ -19,13 +19,27 @@ struct zf_optimizer {
 
 namespace zenflow::c_api {
 
-inline std::string& last_error() {
-  thread_local std::string message;
+// The thread's last message. Storing one may itself run out of memory: the message then becomes
+// a fixed text, and no exception leaves the C boundary (fail is noexcept, and guarded's catch
+// handlers call nothing that throws).
+struct error_message {
+  std::string text;
+  const char* fixed = nullptr;  // instead of text, when text could not be stored
+  const char* c_str() const noexcept { return fixed ? fixed : text.c_str(); }
+};
+inline error_message& last_error() noexcept {
+  thread_local error_message message;
   return message;
 }
 
-inline zf_status fail(zf_status s, const std::string& what) {
-  last_error() = what;
+inline zf_status fail(zf_status s, const char* what) noexcept {
+  error_message& m = last_error();
+  try {
+    m.text = what;
+    m.fixed = nullptr;
+  } catch (...) {
+    m.fixed = "zenflow: out of memory (the error's own message could not be stored)";
+  }
   return s;
 }
 
