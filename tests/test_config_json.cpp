@@ -50,6 +50,16 @@ TEST_CASE("json: values, escapes, numbers and positions") {
   CHECK(json::parse("1e-400").number == 0.0);
   CHECK(std::signbit(json::parse("-1e-400").number));
   CHECK(json::parse("4.9406564584124654e-324").number == std::ldexp(1.0, -1074));
+  // ... judged by the value, not by the exponent's sign: 1 and 400 zeros e-5 is 1e395 (huge),
+  // 0.(399 zeros)1e+5 is 1e-395 (tiny)
+  const std::string huge = "1" + std::string(400, '0') + "e-5", tiny = "0." + std::string(399, '0') + "1e+5";
+  CHECK_THROWS_WITH_AS(json::parse(huge), doctest::Contains("number out of range"), json::parse_error);
+  CHECK(json::parse(tiny).number == 0.0);
+  CHECK(json::parse("-" + tiny).number == 0.0);
+  CHECK(std::signbit(json::parse("-" + tiny).number));
+  CHECK_THROWS_WITH_AS(json::parse("-0.001e+99999999999999999999999"), doctest::Contains("number out of range"),
+                       json::parse_error);
+  CHECK(json::parse("123.5e-99999999999999999999999").number == 0.0);
 }
 
 TEST_CASE("json: each malformation is refused with its position") {
@@ -172,6 +182,17 @@ TEST_CASE("config_from_json: named parameter groups") {
   config dup;
   dup.param_groups = {{"a", {}}, {"a", {}}};
   CHECK_THROWS_WITH_AS(dup.validate(), "zenflow config: param_groups must have distinct names, got \"a\" twice", config_error);
+  // ... and names in UTF-8, which to_json can write and the parser read back (a name in code
+  // may hold any bytes: "emb\xff" could be written, but not read)
+  config latin1;
+  latin1.param_groups = {{"ok", {}}, {"emb\xff", {}}};
+  CHECK_THROWS_WITH_AS(latin1.validate(),
+                       "zenflow config: param_groups must have names in UTF-8, got a name that is not (group 1)",
+                       config_error);
+  config utf8;
+  utf8.param_groups = {{"emb\xc3\xa9", {0.5f, 1.0f}}};  // U+00E9
+  CHECK_NOTHROW(utf8.validate());
+  CHECK(config_from_deepspeed_json(to_json(utf8)) == utf8);
   // in a DeepSpeed config the key sits in the zenflow block, and errors name it there
   CHECK_THROWS_WITH_AS(config_from_deepspeed_json(
                            R"({"zero_optimization": {"zenflow": {"param_groups": {"x": {"weight_decay_scale": -2}}}}})"),

@@ -162,6 +162,9 @@ struct config {
     for (std::size_t i = 0; i < param_groups.size(); ++i) {
       const named_param_group& g = param_groups[i];
       if (g.name.empty()) bad("param_groups", "must have non-empty names", "\"\" (group " + std::to_string(i) + ")");
+      // (to_json writes the names as they are, and JSON takes only UTF-8)
+      if (!detail::json::is_utf8(g.name))
+        bad("param_groups", "must have names in UTF-8", "a name that is not (group " + std::to_string(i) + ")");
       for (std::size_t j = 0; j < i; ++j)
         if (param_groups[j].name == g.name) bad("param_groups", "must have distinct names", "\"" + g.name + "\" twice");
       if (!detail::group_ok(adam, g.scales.lr_scale, g.scales.weight_decay_scale)) {

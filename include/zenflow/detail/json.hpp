@@ -6,6 +6,7 @@
 // recursion on hostile input).
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -55,6 +56,29 @@ struct value {
 };
 
 inline constexpr int max_depth = 64;
+// Whether a well-formed JSON number that is not zero has a magnitude below 1 — so that, out of
+// fp64's range, it underflowed rather than overflowed. Decided by the decimal exponent of its
+// first nonzero digit plus the exponent part, not by the exponent's sign alone ("1" and 400
+// zeros "e-5" is 1e395; "0." and 400 zeros "1e+5" about 1e-396). The exponent part saturates.
+inline bool below_one(std::string_view t) {
+  if (!t.empty() && t[0] == '-') t.remove_prefix(1);
+  const std::size_t e = t.find_first_of("eE");
+  const std::string_view m = t.substr(0, e);
+  const std::size_t dot = m.find('.'), ints = dot == std::string_view::npos ? m.size() : dot;
+  const std::size_t nz = m.find_first_not_of("0.");
+  if (nz == std::string_view::npos) return true;  // (zero: never out of range)
+  long long at = nz < ints ? (long long)(ints - nz) - 1 : -(long long)(nz - ints);
+  if (e != std::string_view::npos) {
+    std::string_view x = t.substr(e + 1);
+    const bool neg = !x.empty() && x[0] == '-';
+    if (!x.empty() && (x[0] == '-' || x[0] == '+')) x.remove_prefix(1);
+    long long ex = 0;
+    for (const char c : x) ex = std::min(ex * 10 + (c - '0'), 1'000'000'000'000LL);
+    at += neg ? -ex : ex;
+  }
+  return at < 0;
+}
+
 
 class parser {
  public:
@@ -320,9 +344,7 @@ class parser {
     // from_chars reports out-of-range for overflow and for underflow to zero or subnormal;
     // overflow is an error, a tiny magnitude is read as what it rounds to.
     if (ec == std::errc::result_out_of_range) {
-      std::size_t e = v.text.find_first_of("eE");
-      const bool tiny = e != std::string::npos && v.text.find('-', e) != std::string::npos;
-      if (!tiny) fail("number out of range: " + v.text);
+      if (!below_one(v.text)) fail("number out of range: " + v.text);
       v.number = v.text[0] == '-' ? -0.0 : 0.0;
     } else if (ec != std::errc{} || ptr != last) {
       fail("malformed number: " + v.text);
@@ -351,6 +373,17 @@ inline void write_string(std::string& out, std::string_view s) {
     }
   }
   out += '"';
+}
+
+// Whether s is valid UTF-8 as this parser takes it (what write_string writes reads back the same).
+inline bool is_utf8(std::string_view s) {
+  std::string quoted;
+  write_string(quoted, s);
+  try {
+    return parse(quoted).text == s;
+  } catch (const parse_error&) {
+    return false;
+  }
 }
 
 }  // namespace zenflow::detail::json
