@@ -394,7 +394,8 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   std::memcpy(img.data() + counts_at, a.column_counts(matrix_id{0}).data(), 4);  // the count back
   // ... an infinite second moment (host v of column 0), checksum right: a column frozen for good
   // (or a NaN, which would spread) is refused
-  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  // (or a negative one, whose square root is a NaN at the next update)
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), -1.0f}) {
     std::vector<unsigned char> v = img;
     std::memcpy(v.data() + payload + 8 + 8 * n, &bad, 4);
     const std::uint32_t c2 = ckpt::crc32(v.data() + payload, std::size_t(len));
@@ -476,6 +477,111 @@ TEST_CASE("checkpoint: crafted counters the schedule cannot reach are refused") 
   }
   CHECK_THROWS_WITH_AS(b.load_image(win.data(), win.size()),
                        doctest::Contains("has an open window of 4 steps; update_interval is 4"), checkpoint_error);
+  // applied + skipped == steps only modulo 2^64: applied = 2^64 - 1, skipped = 1, steps = 0
+  // (an Adam step count of 2^64 - 1 would then pass every "count <= applied" check)
+  const std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
+  std::vector<unsigned char> wrap = crafted(0, &most, 8);
+  {
+    const std::uint64_t zero = 0, skipped = 1;
+    std::memcpy(wrap.data() + payload + 8, &zero, 8);
+    std::memcpy(wrap.data() + payload + 16, &skipped, 8);
+    const std::uint32_t crc = ckpt::crc32(wrap.data() + payload, std::size_t(len));
+    std::memcpy(wrap.data() + payload + len, &crc, 4);
+  }
+  CHECK_THROWS_WITH_AS(b.load_image(wrap.data(), wrap.size()), doctest::Contains("counters section is inconsistent"),
+                       checkpoint_error);
+  CHECK(std::all_of(w2.begin(), w2.end(), [](float x) { return x == 0.0f; }));  // nothing was committed
+  CHECK_NOTHROW(b.load_image(img.data(), img.size()));  // the real file loads
+  CHECK(w2 == w);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("checkpoint: a file's lr that this optimizer's parameter groups do not allow is refused, as set_lr refuses it") {
+  // Group scales are not in the file: a run whose lr fits its own groups (0.5, weight decay 1)
+  // loaded where a matrix decays 10x faster (lr 0.5 x weight decay 10 = 5: a decay factor of -4
+  // a step) must be refused, not trained on.
+  const std::string path = temp_path("lr-groups.zfckpt");
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.adam.lr = 0.5f;
+  cfg.adam.weight_decay = 1.0f;
+  std::vector<float> w(6 * 9, 0.5f), g(6 * 9, 0.01f);
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), 6, 9});
+  a.initialize();
+  a.step();
+  a.save(path);
+  config low = cfg;
+  low.adam.lr = 0.05f;
+  std::vector<float> w2(w.size(), 0.0f), g2(g.size());
+  optimizer<> b(low);
+  b.add_matrix(matrix(w2.data(), g2.data(), rows{6}, cols{9}).group(1.0f, 10.0f));
+  b.initialize();
+  CHECK_THROWS_AS(b.set_lr(0.5f), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(b.load(path),
+                       doctest::Contains("its lr does not fit this optimizer (zenflow: matrix 0: its lr (0.5) times its "
+                                         "weight_decay (10) must be at most 1)"),
+                       checkpoint_error);
+  CHECK(b.lr() == 0.05f);  // nothing was committed
+  CHECK(std::all_of(w2.begin(), w2.end(), [](float x) { return x == 0.0f; }));
+  // with groups that allow it, the same file loads
+  std::vector<float> w3(w.size(), 0.0f), g3(g.size());
+  optimizer<> c(low);
+  c.add_matrix(matrix(w3.data(), g3.data(), rows{6}, cols{9}).group(1.0f, 2.0f));
+  c.initialize();
+  CHECK_NOTHROW(c.load(path));
+  CHECK(c.lr() == 0.5f);
+  CHECK(w3 == w);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window would never close)") {
+  const std::string path = temp_path("crafted-auto.zfckpt");
+  std::vector<float> w(6 * 9, 0.5f), g(6 * 9);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float(i % 7);
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::auto_();
+  cfg.select_interval = interval::every(4);
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), 6, 9});
+  a.initialize();
+  a.step();
+  a.step();
+  a.save(path);
+  std::vector<unsigned char> img;
+  {
+    std::ifstream f(path, std::ios::binary);
+    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  std::size_t at = 24;
+  for (int s = 0; s < 2; ++s) {  // skip config and layout: `at` is the counters section
+    std::uint64_t len;
+    std::memcpy(&len, img.data() + at + 8, 8);
+    at += 16 + std::size_t(len) + 4;
+  }
+  std::uint64_t len;
+  std::memcpy(&len, img.data() + at + 8, 8);
+  const std::size_t payload = at + 16;
+  // counters payload: 10 u64, a double, 3 u8, u64 the number of Zen-auto pairs (1 here), then
+  // the pairs (double, double)
+  std::uint64_t na;
+  std::memcpy(&na, img.data() + payload + 91, 8);
+  REQUIRE(na == 1);
+  optimizer<> b(cfg);
+  std::vector<float> w2(w.size(), 0.0f), g2(g.size());
+  b.add_matrix({w2.data(), g2.data(), 6, 9});
+  b.initialize();
+  for (std::size_t offset : {99u, 107u})
+    for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+      CAPTURE(offset);
+      std::vector<unsigned char> c = img;
+      std::memcpy(c.data() + payload + offset, &bad, 8);
+      const std::uint32_t crc = ckpt::crc32(c.data() + payload, std::size_t(len));
+      std::memcpy(c.data() + payload + len, &crc, 4);
+      CHECK_THROWS_WITH_AS(b.load_image(c.data(), c.size()),
+                           doctest::Contains("counters section has a Zen-auto sum that is not finite"), checkpoint_error);
+    }
   CHECK(std::all_of(w2.begin(), w2.end(), [](float x) { return x == 0.0f; }));  // nothing was committed
   CHECK_NOTHROW(b.load_image(img.data(), img.size()));  // the real file loads
   CHECK(w2 == w);

@@ -82,6 +82,7 @@ TEST_CASE("registration errors are clear and leave the optimizer usable") {
          "zenflow: matrix 0: 4294967296 columns; at most 4294967295 (column lists are 32-bit)");
   expect([&] { opt.add_vector({b.data(), gb.data(), 0}); }, "zenflow: vector 0: n must be > 0");
   expect([&] { opt.step(); }, "zenflow: step() before initialize()");
+  expect([&] { opt.synchronize(); }, "zenflow: synchronize() before initialize()");
   expect([&] { opt.initialize(); }, "zenflow: initialize(): no parameters registered");
   CHECK(opt.add_matrix({a.data(), ga.data(), 8, 8}) == matrix_id{0});
   // a second registration over the same memory, or over the first one's gradient

@@ -11,9 +11,14 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <stdexcept>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/resource.h>
+#endif
 
 #include <zenflow/zenflow.hpp>
 
@@ -224,3 +229,66 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
   for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);  // as if the refused step never was
 }
 
+#if defined(__linux__)
+TEST_CASE("data parallel, ranks as threads: a set whose shards exceed the open-file limit is refused with the limit named, "
+          "and loads once it is raised") {
+  // A load keeps every shard it reads open until it commits; one process resuming a set of 6
+  // ranks with room for only 3 more files fails with a checkpoint_error that says so, nothing
+  // changed, then loads with the limit back.
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/fd_set.ckpt";
+  const config cfg = test_config(false);
+  const gradient_source src;
+  std::vector<unsigned char> saved;
+  {
+    zf_test::thread_hub hub(6);
+    zf_test::on_ranks(hub, [&](int r) {
+      model m;
+      thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+      m.add_to(opt);
+      opt.initialize();
+      for (int s = 0; s < 5; ++s) {
+        src.fill_all(m, s, r, 0, reduce_op::mean);
+        opt.step();
+      }
+      opt.save(path);
+      const auto st = state_of(opt, m);
+      if (r == 0) saved = st;
+    });
+  }
+  model m;
+  optimizer<> one(cfg);
+  m.add_to(one);
+  one.initialize();
+  const auto before = state_of(one, m);
+  // the smallest limit that leaves exactly 3 descriptors free, whatever is open now
+  std::vector<int> open;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) open.push_back(std::stoi(e.path().filename()));
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  rlimit low = old;
+  for (rlim_t L = 0;; ++L) {
+    rlim_t used = 0;
+    for (int fd : open) used += rlim_t(fd) < L ? 1 : 0;
+    if (L - used == 3) {
+      low.rlim_cur = L;
+      break;
+    }
+  }
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::string refused;
+  try {
+    one.load(path);
+  } catch (const checkpoint_error& e) {
+    refused = e.what();
+  }
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  CHECK(refused.find("Too many open files") != std::string::npos);
+  CHECK(refused.find("this load keeps the 6 shard files it reads open until it commits: raise the process's open-file "
+                     "limit (ulimit -n) or resume on more ranks") != std::string::npos);
+  CHECK(state_of(one, m) == before);
+  one.load(path);
+  CHECK(state_of(one, m) == saved);
+  for (const auto& e : std::filesystem::directory_iterator(ZF_TEST_TMP_DIR))
+    if (e.path().filename().string().rfind("fd_set.ckpt", 0) == 0) std::filesystem::remove(e.path());
+}
+#endif

@@ -55,7 +55,8 @@ struct optimizer_stats {
   // Of bytes_to_device, those a host update's job uploaded ahead of the boundary that applied them
   // (a transport's upload_ahead(true)); since this optimizer was made (not carried by checkpoints).
   std::uint64_t bytes_uploaded_ahead = 0;
-  double stall_seconds = 0;         // time step() waited for host work
+  double stall_seconds = 0;         // time step() waited for host work (a late host update, the last
+                                    // step's offload, warm-up's host AdamW, which runs inline)
   double host_update_seconds = 0;   // time spent in host updates (foreground or background; with uploads
                                     // ahead, their rounding and copies too)
   // Memory the optimizer holds, by kind (element counts times sizes; 0 before initialize()).
@@ -270,7 +271,7 @@ class optimizer {
   }
   // Finishes any host update in flight and makes its result visible in the params.
   void synchronize() {
-    if (!initialized_) return;
+    if (!initialized_) fail("synchronize() before initialize()");
     enter();
     enter_collective("synchronize()", [&] {
       check_usable();
@@ -280,17 +281,7 @@ class optimizer {
   }
 
   void set_lr(float lr) {
-    if (!(std::isfinite(lr) && lr >= 0)) fail("lr must be finite and >= 0, got " + detail::exact(lr));
-    config c = cfg_;
-    c.adam.lr = lr;
-    c.validate();  // the bounds that involve lr, for the config and every parameter group
-    // (set_lr may run every step: a tensor's name is only built for the message of a failure)
-    for (std::size_t i = 0; i < matrices_.size(); ++i)
-      if (!detail::group_ok(c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale))
-        detail::check_group("matrix " + std::to_string(i), c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
-    for (std::size_t i = 0; i < vectors_.size(); ++i)
-      if (!detail::group_ok(c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale))
-        detail::check_group("vector " + std::to_string(i), c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale);
+    check_lr(lr);
     cfg_.adam.lr = lr;
   }
   float lr() const noexcept { return cfg_.adam.lr; }
@@ -1073,6 +1064,21 @@ class optimizer {
                                "load a checkpoint on every rank to go on");
     }
   }
+  // The bounds that involve lr, for the config and every parameter group (set_lr, and load for
+  // the file's lr: group scales are not stored, so a file's lr may not fit this optimizer's).
+  void check_lr(float lr) const {
+    if (!(std::isfinite(lr) && lr >= 0)) fail("lr must be finite and >= 0, got " + detail::exact(lr));
+    config c = cfg_;
+    c.adam.lr = lr;
+    c.validate();
+    // (set_lr may run every step: a tensor's name is only built for the message of a failure)
+    for (std::size_t i = 0; i < matrices_.size(); ++i)
+      if (!detail::group_ok(c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale))
+        detail::check_group("matrix " + std::to_string(i), c.adam, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
+    for (std::size_t i = 0; i < vectors_.size(); ++i)
+      if (!detail::group_ok(c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale))
+        detail::check_group("vector " + std::to_string(i), c.adam, vectors_[i].lr_scale, vectors_[i].weight_decay_scale);
+  }
   void check_usable() const {
     if (!broken_.empty())
       throw std::logic_error("zenflow: a step or transfer failed midway (" + broken_ +
@@ -1654,6 +1660,8 @@ class optimizer {
     }
     const auto dt = std::chrono::steady_clock::now() - t0;
     host_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
+    // the step waited for this host work, inline, as ZeRO-Offload's synchronous update does
+    stall_carried_ += std::chrono::duration<double>(dt).count();
     if (!matrices_.empty()) ++host_updates_;  // a pass that updated columns (see stats().host_updates)
   }
 
@@ -2167,7 +2175,9 @@ class optimizer {
   std::uint64_t base_to_host_ = 0, base_to_device_ = 0;
   std::uint64_t owed_to_host_ = 0;  // the transport's to-host count once the offload in flight is done
   double base_stall_ = 0;
-  double stall_carried_ = 0;  // a loaded checkpoint's stall (kept apart: exactly the file's right after the load)
+  // stall the scheduler does not see: a loaded checkpoint's (kept apart: exactly the file's right
+  // after the load), and warm-up's inline host updates since
+  double stall_carried_ = 0;
   std::atomic<std::uint64_t> host_ns_{0};
   std::uint64_t reduce_ns_ = 0;  // data parallel: time reducing gradients (stats().reduce_seconds)
   std::vector<double> auto_a_, auto_b_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -429,6 +430,11 @@ struct optimizer_checkpoint {
     const config fc = read_config(rc);
     rc.done();
     compare_config(o.cfg_, fc, bad);
+    try {  // the file's lr under this optimizer's parameter groups (not stored in the file)
+      o.check_lr(fc.adam.lr);
+    } catch (const std::invalid_argument& e) {
+      bad(std::string("its lr does not fit this optimizer (") + e.what() + ")");
+    }
     // registrations
     const auto lay = small(1, ckpt::layout_tag, "layout", 16 + 27 * std::uint64_t(nm) + 10 * std::uint64_t(nv));
     ckpt::reader rl(lay.data(), lay.size(), "layout");
@@ -463,7 +469,8 @@ struct optimizer_checkpoint {
     const double stall = rn.get<double>();
     const auto sel_once = rn.get<std::uint8_t>(), pend = rn.get<std::uint8_t>(), acc = rn.get<std::uint8_t>();
     const auto na = rn.get<std::uint64_t>();
-    if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != nm) || c[0] + c[2] != c[1] ||
+    // (applied + skipped == steps, written so that no sum wraps)
+    if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != nm) || c[2] > c[1] || c[0] != c[1] - c[2] ||
         c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
       bad("counters section is inconsistent");
     // states the schedule can reach: without overlap_step no second accumulator and no host
@@ -479,6 +486,8 @@ struct optimizer_checkpoint {
     for (std::size_t i = 0; i < na; ++i) {
       aa[i] = rn.get<double>();
       ab[i] = rn.get<double>();
+      // (a NaN sum would never close Zen-auto's window again)
+      if (!std::isfinite(aa[i]) || !std::isfinite(ab[i])) bad("counters section has a Zen-auto sum that is not finite");
     }
     std::uint64_t comm_counts[4];  // bytes reduced, gathered, reduction ns, bytes uploaded ahead
     for (auto& v : comm_counts) v = rn.get<std::uint64_t>();
@@ -515,7 +524,7 @@ struct optimizer_checkpoint {
       std::size_t active;
     };
     std::vector<placed> where;
-    // fp32 masters and moments checked finite (finite_floats), reported after the section's
+    // fp32 masters and moments checked finite, v >= 0 (moments_ok), reported after the section's
     // checksum: a damaged file is called damaged.
     for (std::size_t i = 0; i < nm; ++i) {
       const std::size_t index = first + i;
@@ -533,10 +542,10 @@ struct optimizer_checkpoint {
       const auto stored = r.get<std::uint64_t>();
       std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
       r.bytes(cols.data(), 4 * active);
-      bool finite = finite_floats(r, 3 * std::uint64_t(active) * p.rows, buf);
+      bool finite = moments_ok(r, std::uint64_t(active) * p.rows, buf);
       r.bytes(counts.data(), 4 * active);
       if (on_host) {
-        finite = finite_floats(r, 3 * std::uint64_t(n), buf) && finite;
+        finite = moments_ok(r, std::uint64_t(n), buf) && finite;
         r.skip(4 * accs * std::uint64_t(n), buf);
         r.bytes(hcounts.data(), 4 * p.cols);
       } else {
@@ -544,7 +553,7 @@ struct optimizer_checkpoint {
       }
       r.skip(std::uint64_t(pb), buf);
       r.finish();
-      if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite");
+      if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
       if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
       for (std::size_t s = 0; s < active; ++s)
         if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
@@ -563,11 +572,11 @@ struct optimizer_checkpoint {
       if (h.len != vector_bytes(p)) bad("vector " + std::to_string(i) + " section has the wrong size");
       where.push_back({in.offset(), h.len, 0});
       ckpt::section_in r(in, h.len, index);
-      const bool finite = finite_floats(r, 3 * std::uint64_t(p.n), buf);
+      const bool finite = moments_ok(r, std::uint64_t(p.n), buf);
       const auto vc = r.get<std::uint32_t>();
       r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
       r.finish();
-      if (!finite) bad("vector " + std::to_string(i) + ": a master or moment is not finite");
+      if (!finite) bad("vector " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
       if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
     }
     if (in.left() != 0) bad("trailing bytes after the last section");
@@ -670,24 +679,29 @@ struct optimizer_checkpoint {
   // `count` fp32 values of a section read through its checksum: are they all finite? (A state
   // holding an infinite v would freeze its column for good — what a step whose gradient would
   // cause it is skipped for —, a NaN would spread; neither can come from save().)
-  static bool finite_floats(ckpt::section_in& r, std::uint64_t count, std::vector<unsigned char>& buf) {
+  // Three fp32 arrays of `each` floats (a master, m, v): every value finite, and v's >= 0 (a
+  // negative second moment makes the next update's sqrt a NaN, on a step not reported skipped;
+  // the arithmetic never produces one).
+  static bool moments_ok(ckpt::section_in& r, std::uint64_t each, std::vector<unsigned char>& buf) {
     unsigned char carry[4];
     std::size_t nc = 0;
+    std::uint64_t at = 0;  // the next float's index
+    const std::uint64_t v0 = 2 * each;
     bool ok = true;
-    r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
+    auto check = [&](const unsigned char* p) {
+      float x;
+      std::memcpy(&x, p, 4);
+      ok = ok && std::isfinite(x) && (at < v0 || x >= 0.0f);
+      ++at;
+    };
+    r.pieces(4 * 3 * each, buf, [&](const unsigned char* p, std::size_t m) {
       std::size_t k = 0;
       while (nc > 0 && nc < 4 && k < m) carry[nc++] = p[k++];  // a float split between pieces
       if (nc == 4) {
-        float x;
-        std::memcpy(&x, carry, 4);
-        ok = ok && std::isfinite(x);
+        check(carry);
         nc = 0;
       }
-      for (; k + 4 <= m; k += 4) {
-        float x;
-        std::memcpy(&x, p + k, 4);
-        ok = ok && std::isfinite(x);
-      }
+      for (; k + 4 <= m; k += 4) check(p + k);
       while (k < m) carry[nc++] = p[k++];
     });
     return ok;
@@ -727,19 +741,33 @@ struct optimizer_checkpoint {
     const std::size_t nm = o.matrices_.size();
     const int R = int(set.ranks);
     std::vector<shard_in> out;
-    for (int s = 0; s < R; ++s) {
-      bool needed = false;
+    auto needed = [&](int s) {
       for (std::size_t i = 0; i < nm; ++i) {
         const auto& h = o.host_.matrix(i);
         const std::uint64_t cols = o.matrices_[i].cols, c0 = o.col_begin(i, o.comm_.rank());
         const std::uint64_t o0 = detail::shard_begin(cols, R, s), o1 = detail::shard_begin(cols, R, s + 1);
-        needed = needed || (h.on_host && std::max(c0, o0) < std::min(c0 + h.cols, o1));
+        if (h.on_host && std::max(c0, o0) < std::min(c0 + h.cols, o1)) return true;
       }
-      if (!needed) continue;
+      return false;
+    };
+    int count = 0;
+    for (int s = 0; s < R; ++s) count += needed(s) ? 1 : 0;
+    for (int s = 0; s < R; ++s) {
+      if (!needed(s)) continue;
       shard_in sh;
       sh.rank = s;
       sh.ranks = R;
-      sh.in = std::make_unique<ckpt::input>(shard_path(dir_of(manifest.name()), set.base, set.generation, s, R));
+      try {
+        sh.in = std::make_unique<ckpt::input>(shard_path(dir_of(manifest.name()), set.base, set.generation, s, R));
+      } catch (const checkpoint_error& e) {
+        // Every shard read stays open until the commit (so that a save renamed over one
+        // meanwhile changes nothing): few ranks resuming a set of many may meet the open-file limit.
+        const std::string what = e.what();
+        if (what.find(std::string("(") + std::strerror(EMFILE) + ")") == std::string::npos) throw;
+        throw checkpoint_error(what + "; this load keeps the " + std::to_string(count) +
+                               " shard files it reads open until it commits: raise the process's open-file limit "
+                               "(ulimit -n) or resume on more ranks");
+      }
       ckpt::input& in = *sh.in;
       auto bad = [&](const std::string& why) { in.fail(why + " (a shard of " + manifest.name() + ")"); };
       if (in.size() != set.sizes[std::size_t(s)])
@@ -776,12 +804,12 @@ struct optimizer_checkpoint {
         sh.where[i] = {in.offset(), mh.len};
         ckpt::section_in r(in, mh.len, index);
         const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
-        const bool finite = finite_floats(r, 3 * n * h.rows, buf);
+        const bool finite = moments_ok(r, n * h.rows, buf);
         r.skip(4 * accs * n * h.rows, buf);
         std::vector<std::uint32_t> counts(n);
         r.bytes(counts.data(), 4 * n);
         r.finish();
-        if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite");
+        if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
         for (auto x : counts)
           if (x > applied) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
         ++index;
