@@ -35,13 +35,23 @@ TEST_CASE("C API: out of memory while failing returns a status and a fixed messa
   const zf_status lr = zf_set_lr(opt, NAN);
   const std::string lr_msg = (starve = false, zf_last_error());
   CHECK(lr == ZF_OUT_OF_MEMORY);
+  // (libstdc++ keeps at most 15 characters without allocating, so "zenflow: out of memory"
+  // cannot be stored either: the fallback; a library with a longer inline buffer stores it)
+#if defined(__GLIBCXX__)
   CHECK(lr_msg == fixed);
+#else
+  CHECK((lr_msg == fixed || lr_msg == "zenflow: out of memory"));
+#endif
   // an argument check outside any try block (a NULL handle), the same
   starve = true;
   const zf_status null = zf_step(nullptr, 1.0f, nullptr);
   const std::string null_msg = (starve = false, zf_last_error());
   CHECK(null == ZF_INVALID_ARGUMENT);
+#if defined(__GLIBCXX__)
   CHECK(null_msg == fixed);
+#else
+  CHECK((null_msg == fixed || null_msg == "zenflow: the optimizer handle is NULL"));
+#endif
   // with memory again, the messages are the real ones
   CHECK(zf_set_lr(opt, NAN) == ZF_INVALID_ARGUMENT);
   CHECK(std::string(zf_last_error()).find("lr must be finite and >= 0") != std::string::npos);

@@ -102,10 +102,18 @@ TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, 
 
 // The launch check (the same logic on any machine): a launch's failure throws, naming CUDA's
 // error; cudaErrorNotReady, a stream or event query's answer that the runtime may keep as the
-// thread's last error, is not a launch failure and must not fail the optimizer's next step.
+// thread's last error, is not a launch failure and must not fail the optimizer's next step; nor
+// is the "already" of a call whose work was done (peer access, host registration), which
+// trainers commonly leave unread. The same statuses are no pending error at step() either.
 TEST_CASE("launch check: a query's NotReady passes, a launch error throws naming the kernel") {
   CHECK_NOTHROW(cuda_detail::check_launch_status(cudaSuccess, "k", "f.cu", 1));
   CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorNotReady, "k", "f.cu", 1));
+  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorPeerAccessAlreadyEnabled, "k", "f.cu", 1));
+  CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorHostMemoryAlreadyRegistered, "k", "f.cu", 1));
+  for (cudaError_t e : {cudaSuccess, cudaErrorNotReady, cudaErrorPeerAccessAlreadyEnabled, cudaErrorHostMemoryAlreadyRegistered})
+    CHECK_FALSE(cuda_detail::is_failure(e));
+  for (cudaError_t e : {cudaErrorInvalidConfiguration, cudaErrorMemoryAllocation, cudaErrorIllegalAddress, cudaErrorLaunchFailure})
+    CHECK(cuda_detail::is_failure(e));
   try {
     cuda_detail::check_launch_status(cudaErrorInvalidConfiguration, "gradient_pass", "f.cu", 7);
     FAIL("an invalid launch configuration passed the check");

@@ -618,6 +618,55 @@ TEST_CASE("cuda: a stream query answering NotReady does not fail the next step" 
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
+namespace {
+__global__ void trainer_kernel() {}
+}  // namespace
+
+// The trainer's own launch that failed and was never checked (a grid of 0 blocks: an invalid
+// configuration, left in the thread's last-error slot): step() refuses with that error, changes
+// nothing and leaves it in the slot; once the trainer has read it, the run goes on bit for bit as
+// one that never met it. (zenflow's launch checks used to report it as their own kernel's failure.)
+TEST_CASE("cuda: an error the trainer left unchecked refuses step() with nothing changed, until it is read" *
+          doctest::skip(!has_gpu())) {
+  small_problem bad_pb(64, 96, 2), ref_pb(64, 96, 2);
+  cudaStream_t stream;
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    optimizer<cuda_space> bad(bad_pb.cfg), ref(ref_pb.cfg);
+    bad.add_matrix(bad_pb.param());
+    ref.add_matrix(ref_pb.param());
+    bad.initialize(stream);
+    ref.initialize(stream);
+    for (int t = 0; t < 6; ++t) {
+      if (t == 3) {
+        trainer_kernel<<<0, 1, 0, stream>>>();
+        const auto before = bad.stats();
+        try {
+          bad.step(stream, 1.0f);
+          FAIL("step() ran on a pending error");
+        } catch (const cuda_error& e) {
+          CHECK(e.code() == cudaErrorInvalidConfiguration);
+          CHECK(std::string(e.what()).find("a CUDA error from an earlier call on this thread was never checked") !=
+                std::string::npos);
+        }
+        CHECK(bad.stats().steps == before.steps);
+        CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);  // left for the trainer, who reads it now
+      }
+      CHECK_FALSE(bad.step(stream, 1.0f).skipped);
+      CHECK_FALSE(ref.step(stream, 1.0f).skipped);
+    }
+    bad.synchronize();
+    ref.synchronize();
+    ZF_CUDA_TRY(cudaDeviceSynchronize());
+    const std::size_t n = bad_pb.rows * bad_pb.cols;
+    std::vector<float> a(n), b(n);
+    ZF_CUDA_TRY(cudaMemcpy(a.data(), bad_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
+    ZF_CUDA_TRY(cudaMemcpy(b.data(), ref_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(a.data(), b.data(), 4 * n) == 0);
+  }
+  ZF_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
 // A step on another stream than the last one: the new stream first waits for what was queued on
 // the old one (the optimizer's buffers and per-step tables were last used there). Each step here
 // is followed by 200 ms of the "trainer's" work on its stream; the next step, on the other

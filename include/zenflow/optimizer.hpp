@@ -257,9 +257,9 @@ class optimizer {
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
     enter();
-    if (distributed()) agree_to_step(grad_scale);
+    if (distributed()) agree_to_step(grad_scale);  // (which carries a pending error: below, one process)
     check_usable();
-    check_no_pending_error("step()");
+    if (!distributed()) check_no_pending_error("step()");
     check_grad_scale(grad_scale);
     // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
     if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
@@ -1019,10 +1019,11 @@ class optimizer {
                                "; the ranks are no longer in step: load a checkpoint on every rank to go on");
     }
     // An error an earlier call left on a rank's thread is that call's, not the state's: every
-    // rank refuses this step with nothing changed, and steps again once it is cleared.
+    // rank refuses this step with nothing changed, and steps again once it is cleared. (Such a
+    // rank throws its own error; the others name the first of them.)
+    if (votes[me].cannot == 3) check_no_pending_error("step()");
     for (std::size_t r = 0; r < R; ++r) {
       if (votes[r].cannot != 3) continue;
-      if (r == me) check_no_pending_error("step()");
       throw std::runtime_error("zenflow: step() refused on every rank: rank " + std::to_string(r) +
                                " has an error left on its thread by an earlier call, not zenflow's (it throws "
                                "that error); nothing was changed: step again once that rank has cleared it");

@@ -430,11 +430,6 @@ struct optimizer_checkpoint {
     const config fc = read_config(rc);
     rc.done();
     compare_config(o.cfg_, fc, bad);
-    try {  // the file's lr under this optimizer's parameter groups (not stored in the file)
-      o.check_lr(fc.adam.lr);
-    } catch (const std::invalid_argument& e) {
-      bad(std::string("its lr does not fit this optimizer (") + e.what() + ")");
-    }
     // registrations
     const auto lay = small(1, ckpt::layout_tag, "layout", 16 + 27 * std::uint64_t(nm) + 10 * std::uint64_t(nv));
     ckpt::reader rl(lay.data(), lay.size(), "layout");
@@ -461,6 +456,11 @@ struct optimizer_checkpoint {
             std::to_string(o.vectors_[i].n) + " here (or other dtypes)");
     }
     rl.done();
+    try {  // the file's lr under this optimizer's parameter groups (not stored in the file)
+      o.check_lr(fc.adam.lr);
+    } catch (const std::invalid_argument& e) {
+      bad(std::string("its lr does not fit this optimizer (") + e.what() + ")");
+    }
     // counters
     const auto cnt = small(2, ckpt::counters_tag, "counters", 131 + 16 * std::uint64_t(nm));
     ckpt::reader rn(cnt.data(), cnt.size(), "counters");
@@ -761,7 +761,10 @@ struct optimizer_checkpoint {
         sh.in = std::make_unique<ckpt::input>(shard_path(dir_of(manifest.name()), set.base, set.generation, s, R));
       } catch (const checkpoint_error& e) {
         // Every shard read stays open until the commit (so that a save renamed over one
-        // meanwhile changes nothing): few ranks resuming a set of many may meet the open-file limit.
+        // meanwhile changes nothing): few ranks resuming a set of many may meet the open-file
+        // limit. The load fails: the shards opened so far are closed first, so that what runs
+        // next (building this message; a sanitizer's checks, which open a pipe) has descriptors.
+        out.clear();
         const std::string what = e.what();
         if (what.find(std::string("(") + std::strerror(EMFILE) + ")") == std::string::npos) throw;
         throw checkpoint_error(what + "; this load keeps the " + std::to_string(count) +

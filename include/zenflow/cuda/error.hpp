@@ -47,12 +47,21 @@ inline std::atomic<bool>& sync_check_flag() noexcept {
 }
 inline bool sync_check_enabled() noexcept { return sync_check_flag().load(std::memory_order_relaxed); }
 
-// After a kernel launch: the thread's last error, cleared. cudaErrorNotReady is never what a
-// launch produces: it is the answer of a stream or event query (the trainer's own, typically)
-// that the runtime also keeps as the last error, so it is cleared and not thrown.
+// Statuses that a launch never produces and that the runtime still keeps as the thread's last
+// error: the answer of a stream or event query (cudaErrorNotReady), and the "already" of a call
+// whose work was already done (peer access already enabled, host memory already registered),
+// which trainers commonly ignore. Neither a launch failure nor a pending error.
+inline bool answer_not_failure(cudaError_t e) noexcept {
+  return e == cudaErrorNotReady || e == cudaErrorPeerAccessAlreadyEnabled || e == cudaErrorHostMemoryAlreadyRegistered;
+}
+// Whether `e`, read from the thread's last-error slot, is an error (not success, not one of the
+// answers above).
+inline bool is_failure(cudaError_t e) noexcept { return e != cudaSuccess && !answer_not_failure(e); }
+
+// After a kernel launch: the thread's last error, cleared; thrown unless it is one of the
+// answers above (the trainer's own, typically), which are cleared and not thrown.
 inline void check_launch_status(cudaError_t e, const char* kernel, const char* file, int line) {
-  if (e != cudaSuccess && e != cudaErrorNotReady)
-    throw_error(e, (std::string("kernel ") + kernel + " launch").c_str(), file, line);
+  if (is_failure(e)) throw_error(e, (std::string("kernel ") + kernel + " launch").c_str(), file, line);
 }
 inline void check_launch(const char* kernel, const char* file, int line) {
   check_launch_status(cudaGetLastError(), kernel, file, line);

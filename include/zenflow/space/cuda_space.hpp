@@ -240,14 +240,12 @@ class cuda_space {
   // next kernel, and the trainer's own failure (a backward that did not launch) would be
   // misnamed. step() and initialize() look first (the optimizer calls these two) and throw this
   // instead, before anything changed, leaving the slot as it is: the error is the caller's to
-  // read. A stream or event query's "not ready" is no error.
-  static bool error_pending() noexcept {
-    const cudaError_t e = cudaPeekAtLastError();
-    return e != cudaSuccess && e != cudaErrorNotReady;
-  }
+  // read. A query's "not ready" or a call's "already enabled" is no error
+  // (cuda_detail::answer_not_failure).
+  static bool error_pending() noexcept { return cuda_detail::is_failure(cudaPeekAtLastError()); }
   static void check_no_pending_error(const char* call) {
     const cudaError_t e = cudaPeekAtLastError();
-    if (e == cudaSuccess || e == cudaErrorNotReady) return;
+    if (!cuda_detail::is_failure(e)) return;
     throw cuda_error(e, std::string("zenflow: ") + call + ": a CUDA error from an earlier call on this thread was never checked: " +
                             cudaGetErrorName(e) + " (" + std::to_string(int(e)) + "): " + cudaGetErrorString(e) +
                             "; nothing was done. cudaGetLastError() reads and clears it (unless it is a sticky device "
