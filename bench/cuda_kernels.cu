@@ -5,7 +5,7 @@
 // only (no host round trip inside the timed region), alternated with a device-to-device copy
 // that moves the same number of bytes (read + written); ratio = the kernel's GB/s over the
 // copy's. Bytes are what each kernel must move:
-//  - gradient_pass: every gradient read once (the per-column outputs, 8 B per column, are
+//  - gradient_pass: every gradient read once (the per-column outputs, 18 B per column, are
 //    counted too); both layouts, bf16 and f32 gradients;
 //  - compact: the unselected 90 % of every matrix's columns read and written once (the
 //    per-step offload's compaction), both layouts; then the same compaction fused into the

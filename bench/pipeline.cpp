@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     device_model::link_gbps = p.gbps;
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.gbps, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zero_offload_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, false);
+    if (!zo_cache.count(key)) zo_cache[key] = run<zero_offload_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false);
     const result& zo = zo_cache[key];
     const result zf = run<zenflow_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead);
     print_line(out, "emulated (host space; sleep for compute, link model)", p, shape, compute, p.gbps,

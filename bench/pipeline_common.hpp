@@ -77,7 +77,10 @@ inline zenflow::config zero_offload_config(unsigned threads) {
 struct point {
   double r;
   unsigned U;
-  double compute_frac;  // forward/backward time over ZeRO-Offload's host update time
+  // forward/backward time over ZeRO-Offload's host update time with all cores (the calibration;
+  // JSON compute_over_host_update); a point with fewer host threads writes its own ratio too
+  // (compute_over_this_host_update: against that run's host update)
+  double compute_frac;
   double gbps;          // link bandwidth (emulated only; a GPU has its own)
   unsigned threads;
   const char* sweep;
@@ -127,14 +130,16 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
   std::fprintf(out,
                "{\"bench\":\"pipeline\",\"device\":\"%s\",\"cpu\":\"%s\","
                "\"sweep\":\"%s\",\"params\":%zu,\"model_bytes\":%.0f,\"topk_ratio\":%g,\"update_interval\":%u,"
-               "\"compute_s\":%.5f,\"compute_over_host_update\":%g,\"link_gbps\":%g,\"link_latency_us\":%g,"
+               "\"compute_s\":%.5f,\"compute_over_host_update\":%g,\"compute_over_this_host_update\":%.4f,"
+               "\"link_gbps\":%g,\"link_latency_us\":%g,"
                "\"host_threads\":%g,\"cores\":%u,\"upload_ahead\":%s,"
                "\"zenflow\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
                "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
                "\"speedup\":%.3f,\"stall_reduction\":%.4f}\n",
-               device, zf_bench::cpu_model().c_str(), p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac, link_gbps, latency_us,
+               device, zf_bench::cpu_model().c_str(), p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac,
+               zo.host_update_s > 0 ? compute / zo.host_update_s : 0.0, link_gbps, latency_us,
                threads_used, cores, p.upload_ahead ? "true" : "false", zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
                zf.h2d_bytes, (zf.d2h_bytes + zf.h2d_bytes) / model_bytes, zf.link_model_s[0], zf.link_model_s[1],
                zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s, zo.d2h_bytes, zo.h2d_bytes,

@@ -154,7 +154,7 @@ int main(int argc, char** argv) try {
   for (const point& p : points) {
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 6, false, s);
+    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false, s);
     const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead, s);
     print_line(out, device.c_str(), p, shape, compute, 0.0, 0.0, cores, zf, zo_cache[key]);
   }
