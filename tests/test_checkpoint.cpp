@@ -27,6 +27,38 @@ namespace {
 
 std::string temp_path(const std::string& name) { return std::string(ZF_TEST_TMP_DIR) + "/" + name; }
 
+// Crafting files whose checksums are right: a file's bytes; where section `index` of a
+// one-process checkpoint has its payload (after the 24-byte file header, each section is a
+// 16-byte header — tag, length — the payload and a 4-byte checksum); the checksum made right
+// again after an edit; and a copy with `bytes` at `offset` of a section's payload replaced.
+std::vector<unsigned char> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+struct section_place {
+  std::size_t payload;
+  std::uint64_t len;
+};
+section_place section_of(const std::vector<unsigned char>& img, int index) {
+  std::size_t at = 24;
+  std::uint64_t len = 0;
+  for (int s = 0;; ++s) {
+    std::memcpy(&len, img.data() + at + 8, 8);
+    if (s == index) return {at + 16, len};
+    at += 16 + std::size_t(len) + 4;
+  }
+}
+void reseal(std::vector<unsigned char>& img, section_place sec) {
+  const std::uint32_t crc = ckpt::crc32(img.data() + sec.payload, std::size_t(sec.len));
+  std::memcpy(img.data() + sec.payload + sec.len, &crc, 4);
+}
+std::vector<unsigned char> crafted(std::vector<unsigned char> img, section_place sec, std::size_t offset,
+                                   const void* value, std::size_t bytes) {
+  std::memcpy(img.data() + sec.payload + offset, value, bytes);
+  reseal(img, sec);
+  return img;
+}
+
 template <class Opt>
 void register_all(Opt& opt, trainer& tr, const scenario& sc) {
   for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
@@ -368,26 +400,14 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   CHECK(w2 == w);
   CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
   // a file whose checksums are right but whose Adam counts exceed the applied steps
-  std::vector<unsigned char> img;
-  {
-    std::ifstream f(path, std::ios::binary);
-    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
-  std::size_t at = 24;
-  for (int s = 0; s < 3; ++s) {  // skip config, layout, counters
-    std::uint64_t len;
-    std::memcpy(&len, img.data() + at + 8, 8);
-    at += 16 + std::size_t(len) + 4;
-  }
-  std::uint64_t len;
-  std::memcpy(&len, img.data() + at + 8, 8);
-  const std::size_t payload = at + 16, n = 6 * 9;
+  std::vector<unsigned char> img = file_bytes(path);
+  const section_place mat = section_of(img, 3);  // after config, layout, counters
+  const std::size_t payload = mat.payload, n = 6 * 9;
   // matrix payload: active (0), then host master, moments, accumulator(s), then 9 counts
   const std::size_t counts_at = payload + 8 + (12 + 4 * 2) * n;  // overlap on: two accumulators
   const std::uint32_t huge = 0xfffffff0u;
   std::memcpy(img.data() + counts_at, &huge, 4);
-  const std::uint32_t crc = ckpt::crc32(img.data() + payload, std::size_t(len));
-  std::memcpy(img.data() + payload + len, &crc, 4);
+  reseal(img, mat);
   CHECK_THROWS_WITH_AS(b.load_image(img.data(), img.size()),
                        doctest::Contains("an Adam count exceeds the applied steps"), checkpoint_error);
   CHECK(b.column_counts(matrix_id{0}) == a.column_counts(matrix_id{0}));
@@ -396,18 +416,12 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   // (or a NaN, which would spread) is refused
   // (or a negative one, whose square root is a NaN at the next update)
   for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), -1.0f}) {
-    std::vector<unsigned char> v = img;
-    std::memcpy(v.data() + payload + 8 + 8 * n, &bad, 4);
-    const std::uint32_t c2 = ckpt::crc32(v.data() + payload, std::size_t(len));
-    std::memcpy(v.data() + payload + len, &c2, 4);
+    const std::vector<unsigned char> v = crafted(img, mat, 8 + 8 * n, &bad, 4);
     CHECK_THROWS_WITH_AS(b.load_image(v.data(), v.size()), doctest::Contains("matrix 0: a master or moment is not finite"),
                          checkpoint_error);
   }
-  {  // the same file, untouched, loads (the edits above were all that was wrong)
-    const std::uint32_t c3 = ckpt::crc32(img.data() + payload, std::size_t(len));
-    std::memcpy(img.data() + payload + len, &c3, 4);
-    CHECK_NOTHROW(b.load_image(img.data(), img.size()));
-  }
+  reseal(img, mat);  // the same file, untouched, loads (the edits above were all that was wrong)
+  CHECK_NOTHROW(b.load_image(img.data(), img.size()));
   // a null image is an error, not a read through a null pointer
   CHECK_THROWS_WITH_AS(b.load_image(nullptr, img.size()), doctest::Contains("the image is a null pointer"),
                        checkpoint_error);
@@ -431,29 +445,14 @@ TEST_CASE("checkpoint: crafted counters the schedule cannot reach are refused") 
   a.initialize();
   a.step();  // mid-window: window_steps = 1
   a.save(path);
-  std::vector<unsigned char> img;
-  {
-    std::ifstream f(path, std::ios::binary);
-    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
-  std::size_t at = 24;
-  for (int s = 0; s < 2; ++s) {  // skip config and layout: `at` is the counters section
-    std::uint64_t len;
-    std::memcpy(&len, img.data() + at + 8, 8);
-    at += 16 + std::size_t(len) + 4;
-  }
-  std::uint64_t len;
-  std::memcpy(&len, img.data() + at + 8, 8);
-  const std::size_t payload = at + 16;
-  // counters payload: 10 u64 (applied, steps, skipped, selections, host updates, last selection,
-  // window steps, bytes to host, bytes to device, host ns), a double, then u8 selected_once,
-  // u8 pending, u8 accumulator
+  const std::vector<unsigned char> img = file_bytes(path);
+  // counters payload (section 2): 10 u64 (applied, steps, skipped, selections, host updates,
+  // last selection, window steps, bytes to host, bytes to device, host ns), a double, then u8
+  // selected_once, u8 pending, u8 accumulator
+  const section_place counters = section_of(img, 2);
+  const std::size_t payload = counters.payload;
   auto crafted = [&](std::size_t offset, const void* value, std::size_t bytes) {
-    std::vector<unsigned char> c = img;
-    std::memcpy(c.data() + payload + offset, value, bytes);
-    const std::uint32_t crc = ckpt::crc32(c.data() + payload, std::size_t(len));
-    std::memcpy(c.data() + payload + len, &crc, 4);
-    return c;
+    return ::crafted(img, counters, offset, value, bytes);
   };
   optimizer<> b(cfg);
   std::vector<float> w2(w.size(), 0.0f), g2(g.size());
@@ -469,25 +468,19 @@ TEST_CASE("checkpoint: crafted counters the schedule cannot reach are refused") 
                        doctest::Contains("has a host update pending, which only overlap_step leaves"), checkpoint_error);
   // a window as long as update_interval (counters otherwise consistent: applied = steps >= window)
   std::vector<unsigned char> win = crafted(6 * 8, &window, 8);
-  {
-    std::memcpy(win.data() + payload, &applied, 8);
-    std::memcpy(win.data() + payload + 8, &steps, 8);
-    const std::uint32_t crc = ckpt::crc32(win.data() + payload, std::size_t(len));
-    std::memcpy(win.data() + payload + len, &crc, 4);
-  }
+  std::memcpy(win.data() + payload, &applied, 8);
+  std::memcpy(win.data() + payload + 8, &steps, 8);
+  reseal(win, counters);
   CHECK_THROWS_WITH_AS(b.load_image(win.data(), win.size()),
                        doctest::Contains("has an open window of 4 steps; update_interval is 4"), checkpoint_error);
   // applied + skipped == steps only modulo 2^64: applied = 2^64 - 1, skipped = 1, steps = 0
   // (an Adam step count of 2^64 - 1 would then pass every "count <= applied" check)
   const std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
   std::vector<unsigned char> wrap = crafted(0, &most, 8);
-  {
-    const std::uint64_t zero = 0, skipped = 1;
-    std::memcpy(wrap.data() + payload + 8, &zero, 8);
-    std::memcpy(wrap.data() + payload + 16, &skipped, 8);
-    const std::uint32_t crc = ckpt::crc32(wrap.data() + payload, std::size_t(len));
-    std::memcpy(wrap.data() + payload + len, &crc, 4);
-  }
+  const std::uint64_t zero = 0, skipped = 1;
+  std::memcpy(wrap.data() + payload + 8, &zero, 8);
+  std::memcpy(wrap.data() + payload + 16, &skipped, 8);
+  reseal(wrap, counters);
   CHECK_THROWS_WITH_AS(b.load_image(wrap.data(), wrap.size()), doctest::Contains("counters section is inconsistent"),
                        checkpoint_error);
   CHECK(std::all_of(w2.begin(), w2.end(), [](float x) { return x == 0.0f; }));  // nothing was committed
@@ -549,24 +542,12 @@ TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window 
   a.step();
   a.step();
   a.save(path);
-  std::vector<unsigned char> img;
-  {
-    std::ifstream f(path, std::ios::binary);
-    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
-  std::size_t at = 24;
-  for (int s = 0; s < 2; ++s) {  // skip config and layout: `at` is the counters section
-    std::uint64_t len;
-    std::memcpy(&len, img.data() + at + 8, 8);
-    at += 16 + std::size_t(len) + 4;
-  }
-  std::uint64_t len;
-  std::memcpy(&len, img.data() + at + 8, 8);
-  const std::size_t payload = at + 16;
-  // counters payload: 10 u64, a double, 3 u8, u64 the number of Zen-auto pairs (1 here), then
-  // the pairs (double, double)
+  const std::vector<unsigned char> img = file_bytes(path);
+  // counters payload (section 2): 10 u64, a double, 3 u8, u64 the number of Zen-auto pairs (1
+  // here), then the pairs (double, double)
+  const section_place counters = section_of(img, 2);
   std::uint64_t na;
-  std::memcpy(&na, img.data() + payload + 91, 8);
+  std::memcpy(&na, img.data() + counters.payload + 91, 8);
   REQUIRE(na == 1);
   optimizer<> b(cfg);
   std::vector<float> w2(w.size(), 0.0f), g2(g.size());
@@ -575,10 +556,7 @@ TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window 
   for (std::size_t offset : {99u, 107u})
     for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
       CAPTURE(offset);
-      std::vector<unsigned char> c = img;
-      std::memcpy(c.data() + payload + offset, &bad, 8);
-      const std::uint32_t crc = ckpt::crc32(c.data() + payload, std::size_t(len));
-      std::memcpy(c.data() + payload + len, &crc, 4);
+      const std::vector<unsigned char> c = crafted(img, counters, offset, &bad, 8);
       CHECK_THROWS_WITH_AS(b.load_image(c.data(), c.size()),
                            doctest::Contains("counters section has a Zen-auto sum that is not finite"), checkpoint_error);
     }

@@ -141,6 +141,13 @@ struct small_problem {
     cfg.update_interval = interval::every(interval);
   }
   matrix_param param() { return {w.data(), g.data(), rows, cols}; }
+  // the params now (the device waited for first)
+  std::vector<float> params() const {
+    ZF_CUDA_TRY(cudaDeviceSynchronize());
+    std::vector<float> h(rows * cols);
+    ZF_CUDA_TRY(cudaMemcpy(h.data(), w.data(), 4 * h.size(), cudaMemcpyDeviceToHost));
+    return h;
+  }
 };
 
 }  // namespace
@@ -657,12 +664,8 @@ TEST_CASE("cuda: an error the trainer left unchecked refuses step() with nothing
     }
     bad.synchronize();
     ref.synchronize();
-    ZF_CUDA_TRY(cudaDeviceSynchronize());
-    const std::size_t n = bad_pb.rows * bad_pb.cols;
-    std::vector<float> a(n), b(n);
-    ZF_CUDA_TRY(cudaMemcpy(a.data(), bad_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
-    ZF_CUDA_TRY(cudaMemcpy(b.data(), ref_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
-    CHECK(std::memcmp(a.data(), b.data(), 4 * n) == 0);
+    const std::vector<float> a = bad_pb.params(), b = ref_pb.params();
+    CHECK(std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
   }
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
 }
@@ -693,13 +696,9 @@ TEST_CASE("cuda: steps on alternating streams wait for each other and train as o
     }
     alt.synchronize();
     one.synchronize();
-    ZF_CUDA_TRY(cudaDeviceSynchronize());
-    const std::size_t n = alt_pb.rows * alt_pb.cols;
-    std::vector<float> a(n), b(n);
-    ZF_CUDA_TRY(cudaMemcpy(a.data(), alt_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
-    ZF_CUDA_TRY(cudaMemcpy(b.data(), one_pb.w.data(), 4 * n, cudaMemcpyDeviceToHost));
-    CHECK(std::memcmp(a.data(), b.data(), 4 * n) == 0);
-    CHECK(a != std::vector<float>(n, 0.5f));  // (it trained)
+    const std::vector<float> a = alt_pb.params(), b = one_pb.params();
+    CHECK(std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+    CHECK(a != std::vector<float>(a.size(), 0.5f));  // (it trained)
   }
   for (auto& x : s) ZF_CUDA_TRY(cudaStreamDestroy(x));
 }

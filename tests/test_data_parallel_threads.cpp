@@ -198,7 +198,8 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
 
   zf_test::thread_hub hub(R);
   std::vector<std::vector<unsigned char>> got(R);
-  std::vector<std::string> refused(R);
+  std::vector<std::string> refused(R), refused_save(R);
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/refused_set.ckpt";
   zf_test::on_ranks(hub, [&](int r) {
     model m;
     slot_optimizer opt(cfg, zf_test::hub_communicator(hub, r));
@@ -213,6 +214,11 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
         } catch (const std::runtime_error& e) {
           refused[std::size_t(r)] = e.what();
         }
+        try {  // the other collectives the same way (no rank out of step: the run goes on below)
+          opt.save(path);
+        } catch (const std::runtime_error& e) {
+          refused_save[std::size_t(r)] = e.what();
+        }
         error_slot_space::left = 0;
       }
       opt.step();  // (at s == bad: the step again, once rank 1 cleared its error)
@@ -226,7 +232,15 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
           "zenflow: step() refused on every rank: rank 1 has an error left on its thread by an earlier call, not "
           "zenflow's (it throws that error); nothing was changed: step again once that rank has cleared it");
   }
-  for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);  // as if the refused step never was
+  CHECK(refused_save[1] == "save(): error 5 left by an earlier call");
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    CHECK(refused_save[std::size_t(r)] ==
+          "zenflow: save() refused on every rank: another rank has an error left on its thread by an earlier call, "
+          "not zenflow's (it throws that error); nothing was changed");
+  }
+  CHECK_FALSE(std::filesystem::exists(path));  // nothing was written
+  for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);  // as if the refused calls never were
 }
 
 #if defined(__linux__)

@@ -96,7 +96,23 @@ TEST_CASE("an error an earlier call left on the thread is refused before anythin
       error_slot_space::left = 7;
       for (int i = 0; i < 2; ++i)  // refused as long as the error stays, usable all along
         CHECK_THROWS_WITH_AS(opt.step(2.0f), "step(): error 7 left by an earlier call", std::runtime_error);
+      // every entry point that launches device work looks first (a load does not even open the file)
+      std::vector<float> out(R * C);
+      CHECK_THROWS_WITH_AS(opt.synchronize(), "synchronize(): error 7 left by an earlier call", std::runtime_error);
+      CHECK_THROWS_WITH_AS(opt.save(std::string(ZF_TEST_TMP_DIR) + "/never-written.zfck"),
+                           "save(): error 7 left by an earlier call", std::runtime_error);
+      CHECK_THROWS_WITH_AS(opt.load(std::string(ZF_TEST_TMP_DIR) + "/no-such-file.zfck"),
+                           "load(): error 7 left by an earlier call", std::runtime_error);
+      CHECK_THROWS_WITH_AS(opt.copy_master(matrix_id{0}, out.data()), "copy_master(): error 7 left by an earlier call",
+                           std::runtime_error);
+      CHECK_THROWS_WITH_AS(opt.column_counts(matrix_id{0}), "column_counts(): error 7 left by an earlier call",
+                           std::runtime_error);
+      CHECK_THROWS_WITH_AS(opt.copy_params_synchronized(matrix_id{0}, out.data()),
+                           "copy_params_synchronized(): error 7 left by an earlier call", std::runtime_error);
       error_slot_space::left = 0;
+      std::FILE* f = std::fopen((std::string(ZF_TEST_TMP_DIR) + "/never-written.zfck").c_str(), "rb");
+      CHECK(f == nullptr);
+      if (f) std::fclose(f);
       CHECK(opt.stats().steps == before.steps);
       CHECK(opt.stats().skipped_steps == before.skipped_steps);
     });

@@ -446,6 +446,7 @@ class optimizer {
   void load(const std::string& path) {
     if (!initialized_) fail("load() before initialize()");
     collective_load([&] {
+      check_no_pending_error("load()");  // (data parallel: every rank then refuses, nothing changed)
       ckpt::input in(path);
       load_from(in);
     });
@@ -455,6 +456,7 @@ class optimizer {
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
     if (!initialized_) fail("load() before initialize()");
     collective_load([&] {
+      check_no_pending_error("load()");
       ckpt::input in(data, size, name);
       load_from(in);
     });
@@ -1049,6 +1051,18 @@ class optimizer {
   // rank's, refuse further work until a load (on every rank) succeeds.
   template <class Local>
   void enter_collective(const char* call, Local&& local) {
+    // First an error an earlier call left on a rank's thread (as step() does): refused on every
+    // rank with nothing changed, no rank out of step. (A space that cannot have one: no vote.)
+    if constexpr (reports_pending_errors) {
+      if (!distributed()) {
+        check_no_pending_error(call);
+      } else if (!comm_.all_agree(!error_pending())) {
+        check_no_pending_error(call);
+        throw std::runtime_error("zenflow: " + std::string(call) +
+                                 " refused on every rank: another rank has an error left on its thread by an earlier "
+                                 "call, not zenflow's (it throws that error); nothing was changed");
+      }
+    }
     if (!distributed()) return local();
     std::exception_ptr mine;
     try {
@@ -1101,12 +1115,14 @@ class optimizer {
     if constexpr (requires(Space& s) { s.activate(); }) space_.activate();
   }
   // A space whose errors wait on the calling thread from call to call (CUDA's last-error slot)
-  // reports one that an earlier call, not zenflow's, left there before initialize() or step()
-  // change anything: zenflow's own checks would otherwise pin it on zenflow's next kernel.
+  // reports one that an earlier call, not zenflow's, left there before an entry point
+  // (initialize, step, synchronize, save, load, the copies) changes anything: zenflow's own checks
+  // would otherwise pin it on zenflow's next kernel.
   // (cuda_space::check_no_pending_error; other spaces have nothing to report.)
+  static constexpr bool reports_pending_errors =
+      requires(const Space& s) { { s.error_pending() } -> std::convertible_to<bool>; };
   bool error_pending() const noexcept {
-    if constexpr (requires(const Space& s) { { s.error_pending() } -> std::convertible_to<bool>; })
-      return space_.error_pending();
+    if constexpr (reports_pending_errors) return space_.error_pending();
     else return false;
   }
   void check_no_pending_error(const char* call) const {
