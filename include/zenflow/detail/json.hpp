@@ -376,7 +376,12 @@ inline void write_string(std::string& out, std::string_view s) {
 }
 
 // Whether s is valid UTF-8 as this parser takes it (what write_string writes reads back the same).
+// ASCII is, without the round trip (config::validate runs this on every set_lr: no allocation
+// for the usual names).
 inline bool is_utf8(std::string_view s) {
+  bool ascii = true;
+  for (const char c : s) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  if (ascii) return true;
   std::string quoted;
   write_string(quoted, s);
   try {
