@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -24,12 +26,16 @@ namespace zf_cuda_dp {
 
 using namespace zenflow;
 
-// f(r) on a thread per rank, GPU r current (GPU 0 for every rank with one_gpu); the first
-// exception is rethrown here. on_error runs on a rank's thread when its f threw (so that the
-// others, waiting in a collective for it, can be released instead of hanging the test).
+// f(r) on a thread per rank, GPU r current (GPU 0 for every rank with one_gpu). on_error runs on
+// a rank's thread when its f threw (so that the others, waiting in a collective for it, can be
+// released instead of hanging the test). The exception rethrown here is the one caught first: a
+// rank released by on_error throws only after the rank at fault has caught its own, so the
+// failure reported is the cause, not "another rank failed"; the others go to stderr.
 template <class F>
 inline void on_ranks(int R, F f, bool one_gpu = false, const std::function<void()>& on_error = {}) {
   std::vector<std::exception_ptr> err(static_cast<std::size_t>(R));
+  std::vector<int> order(static_cast<std::size_t>(R), -1);
+  std::atomic<int> caught{0};
   std::vector<std::thread> t;
   for (int r = 0; r < R; ++r)
     t.emplace_back([&, r] {
@@ -37,13 +43,27 @@ inline void on_ranks(int R, F f, bool one_gpu = false, const std::function<void(
         ZF_CUDA_TRY(cudaSetDevice(one_gpu ? 0 : r));
         f(r);
       } catch (...) {
+        order[std::size_t(r)] = caught.fetch_add(1);
         err[std::size_t(r)] = std::current_exception();
         if (on_error) on_error();
       }
     });
   for (auto& x : t) x.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+  std::exception_ptr first;
+  for (int r = 0; r < R; ++r) {
+    if (!err[std::size_t(r)]) continue;
+    if (order[std::size_t(r)] == 0) first = err[std::size_t(r)];
+    if (caught.load() > 1) {
+      try {
+        std::rethrow_exception(err[std::size_t(r)]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "on_ranks: rank %d (caught %d of %d): %s\n", r, order[std::size_t(r)] + 1, caught.load(), e.what());
+      } catch (...) {
+        std::fprintf(stderr, "on_ranks: rank %d (caught %d of %d): a non-standard exception\n", r, order[std::size_t(r)] + 1, caught.load());
+      }
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 using zf_dp_test::gradient_source;

@@ -100,6 +100,8 @@ TEST_CASE("nccl: reduce, reduce_scatter, all_gather and all_agree against the ra
         }
         std::vector<std::vector<float>> got(static_cast<std::size_t>(R), std::vector<float>(n, 0.0f));
         on_ranks(R, [&](int r) {
+          // (CAPTURE is per thread: the checks on this rank's thread say their case themselves)
+          INFO("rank ", r, " of ", R, ", n ", n, ", op ", int(op));
           nccl_communicator c(cs.c[std::size_t(r)]);
           device_array<float> d(n);
           std::vector<float> mine(pieces.begin() + std::ptrdiff_t(std::size_t(r) * n),
@@ -126,6 +128,7 @@ TEST_CASE("nccl: reduce, reduce_scatter, all_gather and all_agree against the ra
               at[std::size_t(r) + 1] = at[std::size_t(r)] + counts[std::size_t(r)];
             }
             on_ranks(R, [&](int r) {
+              INFO("rank ", r, " of ", R, ", n ", n, ", op ", int(op), ", skewed ", skewed, ", round ", round);
               auto run = [&](nccl_communicator& c) {
                 device_array<float> d(n);
                 ZF_CUDA_TRY(cudaMemcpy(d.data(), pieces.data() + std::size_t(r) * n, 4 * n, cudaMemcpyHostToDevice));
