@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -96,6 +97,9 @@ TEST_CASE("gradient pass: the host space follows the canonical order exactly") {
       blocks[mi].assign((m.cols + 1) * m.rows * size_of(m.t), 0xA5);
       targets[mi] = {blocks[mi].data(), slots[mi].data()};
     }
+    // before set_compaction() there is nowhere to compact to: refused, not a plain pass that
+    // would leave the offload's block as it was
+    if (compact) CHECK_THROWS_AS(u.gradient_pass(hs, true), std::logic_error);
     u.set_compaction(hs, targets.data());
     const auto got = u.gradient_pass(hs, compact);
     REQUIRE(got.finite);

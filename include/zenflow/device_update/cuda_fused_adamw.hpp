@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -644,6 +645,19 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     double sumsq;
   };
 
+  fused_adamw() = default;
+  fused_adamw(fused_adamw&&) = default;
+  // (the optimizer assigns a fresh one only after a failed initialize(): no update had run)
+  fused_adamw& operator=(fused_adamw&&) = default;
+  // The last step's copies out of the pinned tables (and into the summary and the masses) may
+  // still run on the compute stream when the optimizer goes: wait for them before the pinned
+  // memory is freed — on our own events (the stream may be the trainer's, already destroyed),
+  // best effort (a destructor does not throw; an error is the next CUDA call's to report).
+  ~fused_adamw() {
+    for (const cuda_space::event* e : {&summary_ready_, &tables_copied_, &masses_ready_})
+      if (e->get()) (void)cudaEventSynchronize(e->get());
+  }
+
   void allocate() {
     std::size_t cols = 0, chunks = 0, groups = 0, max_slots = 0;
     std::vector<cuda_kernels::grad_segment> gsegs;
@@ -746,6 +760,9 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   // With `compact`, the pass also copies each matrix's columns to the places set_compaction()
   // gave (the offload's compaction, the gradient read once for both; the same statistics).
   void enqueue_gradient_pass(cuda_space& space, bool compact = false) {
+    // (a compacting pass with nowhere to compact to would leave the offload a stale buffer)
+    if (compact && !matrices_.empty() && targets_.size() == 0)
+      throw std::logic_error("zenflow: a compacting gradient pass before set_compaction()");
     stream_ = space.stream();
     scores_valid_[0] = scores_valid_[1] = false;
     if (groups_ == 0) return;

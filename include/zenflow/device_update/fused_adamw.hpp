@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -118,7 +119,10 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
   // nothing of this rank's): the CUDA updater runs the ranges it was last given.
   void column_stats(Space& space, std::size_t i, std::size_t c0, std::size_t c1, bool compact = false) {
     auto& s = matrices_[i];
-    const compaction_target t = compact && i < targets_.size() ? targets_[i] : compaction_target{};
+    // (a compacting pass with nowhere to compact to would leave the offload a stale buffer)
+    if (compact && i >= targets_.size())
+      throw std::logic_error("zenflow: a compacting gradient pass before set_compaction()");
+    const compaction_target t = compact ? targets_[i] : compaction_target{};
     visit_dtype(s.p.grad_type, [&](auto gtag) {
       using G = typename decltype(gtag)::type;
       const device::column_stats_fn<G> f{static_cast<const G*>(s.p.grad), s.p.rows, s.p.cols, s.p.layout,
