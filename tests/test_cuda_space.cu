@@ -636,8 +636,9 @@ __global__ void trainer_kernel() {}
 TEST_CASE("cuda: an error the trainer left unchecked refuses step() with nothing changed, until it is read" *
           doctest::skip(!has_gpu())) {
   small_problem bad_pb(64, 96, 2), ref_pb(64, 96, 2);
-  cudaStream_t stream;
+  cudaStream_t stream, other;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   {
     optimizer<cuda_space> bad(bad_pb.cfg), ref(ref_pb.cfg);
     bad.add_matrix(bad_pb.param());
@@ -656,6 +657,13 @@ TEST_CASE("cuda: an error the trainer left unchecked refuses step() with nothing
           CHECK(std::string(e.what()).find("a CUDA error from an earlier call on this thread was never checked") !=
                 std::string::npos);
         }
+        // on another stream too: the switch waits (its hand-over must not overwrite the error)
+        try {
+          bad.step(other, 1.0f);
+          FAIL("step() on another stream ran on a pending error");
+        } catch (const cuda_error& e) {
+          CHECK(e.code() == cudaErrorInvalidConfiguration);
+        }
         CHECK(bad.stats().steps == before.steps);
         CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);  // left for the trainer, who reads it now
       }
@@ -667,6 +675,7 @@ TEST_CASE("cuda: an error the trainer left unchecked refuses step() with nothing
     const std::vector<float> a = bad_pb.params(), b = ref_pb.params();
     CHECK(std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
   }
+  ZF_CUDA_TRY(cudaStreamDestroy(other));
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
 }
 

@@ -524,9 +524,11 @@ class optimizer {
   [[noreturn]] static void fail(const std::string& what) { detail::invalid(what); }
 
   // The device work, the communicator's collectives included, goes on `stream` from now on.
+  // (The communicator follows the space's stream, which stays as it was while a CUDA error is
+  // pending: the two never differ.)
   void use_stream(typename Space::stream_type stream) {
     space_.set_stream(stream);
-    if constexpr (requires { comm_.set_stream(stream); }) comm_.set_stream(stream);
+    if constexpr (requires { comm_.set_stream(stream); }) comm_.set_stream(space_.stream());
   }
 
   // Data parallel: the ranks' gradients reduced. With sharded_reduction the matrices' are

@@ -265,12 +265,15 @@ class cuda_space {
   // A stream the trainer destroyed is undefined to use: keep the old one alive until the switch.
   // Should the runtime refuse it anyway, the host waits for the whole device instead (best
   // effort). The stream changes only once the hand-over is in place: if it throws, the next call
-  // tries again.
+  // tries again. With an error pending on the thread nothing is done (a refused record would
+  // overwrite it, and the fallback's wait would report another error): the step or initialize()
+  // this call precedes refuses, naming that error, and the switch waits for the next call.
   void set_stream(cudaStream_t s) {
     if (s == stream_ || !live_) {
       stream_ = s;
       return;
     }
+    if (error_pending()) return;
     activate();
     handoff_.create();
     if (cudaEventRecord(handoff_.get(), stream_) == cudaSuccess) {
@@ -290,7 +293,14 @@ class cuda_space {
     e.create();
     ZF_CUDA_TRY(cudaEventRecord(e.get(), stream_));
   }
-  void fence() { ZF_CUDA_TRY(cudaStreamSynchronize(stream_)); }
+  // Waits for the stream's work so far, asleep on a blocking-sync event rather than spinning a
+  // core the host lanes need (data parallel, each step's vote waits here while the trainer's
+  // backward still runs).
+  void fence() {
+    fence_.create();
+    ZF_CUDA_TRY(cudaEventRecord(fence_.get(), stream_));
+    fence_.wait();
+  }
 
   template <class F>
   void parallel_for(std::size_t n, const F& f) {
@@ -412,6 +422,7 @@ class cuda_space {
   cudaStream_t stream_ = nullptr;
   bool live_ = false;  // initialize() has run: a change of stream hands the work over (set_stream)
   event handoff_;
+  event fence_;  // fence()'s point in the stream
 };
 
 }  // namespace zenflow

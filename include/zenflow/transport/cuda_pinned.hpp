@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 
 #include "../cuda/error.hpp"
@@ -94,11 +95,20 @@ class cuda_pinned {
 
   // What reserve() took, given back (the optimizer's initialize() failed): the pinned buffers
   // freed once no copy of this transport is in flight; upload_ahead may be set again. The
-  // streams and events stay for the next reserve().
+  // streams and events stay for the next reserve(). A wait that fails (a sticky device fault:
+  // nothing runs any more) still leaves the transport released, then throws.
   void release() {
-    for (int b = 0; b < 2; ++b) wait_train(b);  // (uploads on the compute stream, as in the destructor)
+    std::exception_ptr failed;
+    auto attempt = [&](auto&& f) {
+      try {
+        f();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    };
+    for (int b = 0; b < 2; ++b) attempt([&] { wait_train(b); });  // (uploads on the compute stream, as in the destructor)
     for (cudaStream_t st : {copy_stream_, up_stream_})
-      if (st) ZF_CUDA_TRY(cudaStreamSynchronize(st));
+      if (st) attempt([&] { ZF_CUDA_TRY(cudaStreamSynchronize(st)); });
     for (auto& b : train_) b = {};
     for (auto& b : lane_) b = {};
     for (auto& b : up_) b = {};
@@ -107,6 +117,7 @@ class cuda_pinned {
     next_ = up_next_ = 0;
     chunk_ = lane_chunk_ = 0;
     space_ = nullptr;
+    if (failed) std::rethrow_exception(failed);
   }
 
   // ---- uploads ahead (the optimizer's update lane; see upload_ahead) ----------------------
@@ -241,7 +252,8 @@ class cuda_pinned {
     ready();
     for (std::size_t b = 0; b < n; ++b)
       if (blocks[b].bytes && (blocks[b].piece > lane_chunk_ || blocks[b].piece == 0))
-        throw std::invalid_argument("zenflow: cuda_pinned: piece larger than reserved");
+        throw std::invalid_argument(blocks[b].piece ? "zenflow: cuda_pinned: piece larger than reserved"
+                                                    : "zenflow: cuda_pinned: pieces of 0 bytes");
     ZF_CUDA_TRY(cudaSetDevice(space_->device()));  // this runs on the scheduler's own thread
     if (ready_at.get()) ZF_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, ready_at.get(), 0));
     struct at {
