@@ -514,3 +514,24 @@ TEST_CASE("a JSON object with many keys is read whole, duplicates still refused"
   CHECK_THROWS_WITH_AS(json::parse("{\"a\": 1, \"b\": 2, \"a\": 3}"), doctest::Contains("duplicate key \"a\""),
                        json::parse_error);
 }
+
+// A transport asked for pieces of 0 bytes would loop for ever (offset += 0): refused up front,
+// before any piece is consumed.
+TEST_CASE("host_copy refuses pieces of 0 bytes instead of looping") {
+  host_copy t;
+  const std::vector<unsigned char> a(64, 1), b(32, 2);
+  int consumed = 0;
+  struct no_event {} ready;
+  CHECK_THROWS_AS(t.stream_to_host(ready, a.data(), a.size(), 0, [&](const void*, std::size_t, std::size_t) { ++consumed; }),
+                  std::invalid_argument);
+  const offload_block blocks[2] = {{a.data(), a.size(), 16}, {b.data(), b.size(), 0}};
+  CHECK_THROWS_AS(t.stream_blocks_to_host(ready, blocks, 2, [&](std::size_t, const void*, std::size_t, std::size_t) { ++consumed; }),
+                  std::invalid_argument);
+  CHECK(consumed == 0);
+  CHECK(t.bytes_to_host() == 0);
+  // an empty block may have any piece; a whole one streams in its pieces
+  const offload_block fine[2] = {{a.data(), a.size(), 16}, {b.data(), 0, 0}};
+  t.stream_blocks_to_host(ready, fine, 2, [&](std::size_t, const void*, std::size_t, std::size_t) { ++consumed; });
+  CHECK(consumed == 4);
+  CHECK(t.bytes_to_host() == 64);
+}

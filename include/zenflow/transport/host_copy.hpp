@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 #include "offload_block.hpp"
 
@@ -36,6 +37,7 @@ class host_copy {
   // thread. Here the piece is the block itself (no copy).
   template <class Event, class Consume>
   void stream_to_host(const Event&, const void* src, std::size_t bytes, std::size_t chunk, Consume&& consume) {
+    if (bytes && chunk == 0) throw std::invalid_argument("zenflow: host_copy: pieces of 0 bytes");
     const auto* in = static_cast<const unsigned char*>(src);
     for (std::size_t off = 0; off < bytes; off += chunk) {
       const std::size_t len = bytes - off < chunk ? bytes - off : chunk;
@@ -48,6 +50,8 @@ class host_copy {
   // bytes).
   template <class Event, class Consume>
   void stream_blocks_to_host(const Event& ready, const offload_block* blocks, std::size_t n, Consume&& consume) {
+    for (std::size_t b = 0; b < n; ++b)  // (refused before any piece is consumed, as cuda_pinned does)
+      if (blocks[b].bytes && blocks[b].piece == 0) throw std::invalid_argument("zenflow: host_copy: pieces of 0 bytes");
     for (std::size_t b = 0; b < n; ++b)
       stream_to_host(ready, blocks[b].src, blocks[b].bytes, blocks[b].piece,
                      [&](const void* piece, std::size_t off, std::size_t len) { consume(b, piece, off, len); });
