@@ -5,6 +5,8 @@
 // every rank when data parallel — which no GPU-less machine could otherwise reach.
 #pragma once
 
+#include <cstddef>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +22,26 @@ struct error_slot_space : zenflow::host_space {
   static void check_no_pending_error(const char* call) {
     if (left) throw std::runtime_error(std::string(call) + ": error " + std::to_string(left) + " left by an earlier call");
   }
+};
+
+// A host space whose "device" allocations fail on the threads that ask for it (fail_alloc): one
+// rank's device running out of memory in the middle of a step, which data parallel must meet on
+// every rank alike (the optimizer's gather space grows mid-step).
+struct alloc_fail_space : zenflow::host_space {
+  using zenflow::host_space::host_space;
+  alloc_fail_space() = default;
+  static inline thread_local bool fail_alloc = false;
+  template <class T>
+  struct buffer : zenflow::host::host_array<T> {
+    buffer() = default;
+    explicit buffer(std::size_t n) : zenflow::host::host_array<T>(allowed(n)) {}
+
+   private:
+    static std::size_t allowed(std::size_t n) {
+      if (fail_alloc) throw std::bad_alloc();
+      return n;
+    }
+  };
 };
 
 }  // namespace zf_test

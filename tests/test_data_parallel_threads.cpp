@@ -10,10 +10,15 @@
 // ranks meet in collectives).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
-#include <stdexcept>
 #include <filesystem>
+#include <functional>
+#include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -241,6 +246,290 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
   }
   CHECK_FALSE(std::filesystem::exists(path));  // nothing was written
   for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);  // as if the refused calls never were
+}
+
+// The state copies and column_counts are collectives: a matrix id that one rank alone refuses
+// must not leave the others waiting in the gather (it did: the id was checked before the vote).
+// Every rank refuses, nothing changes, no rank is out of step: the run goes on bit-exactly.
+TEST_CASE("data parallel, ranks as threads: a bad matrix id on one rank refuses the copy on every rank, nothing changed") {
+  const int R = 3, n = 9, bad = 4;
+  const config cfg = test_config(true);
+  const gradient_source src;
+  model rm;
+  optimizer<> ref(cfg);
+  rm.add_to(ref);
+  ref.initialize();
+  feed_reduced(ref, rm, src, R, reduce_op::mean, 0, n);
+  const auto want = state_of(ref, rm);
+
+  zf_test::thread_hub hub(R);
+  std::vector<std::vector<unsigned char>> got(R);
+  std::vector<std::vector<std::string>> refused(R);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    for (int s = 0; s < n; ++s) {
+      src.fill_all(m, s, r, 0, reduce_op::mean);
+      opt.step();
+      if (s == bad) {
+        const matrix_id id{r == 1 ? 99u : 0u};
+        std::vector<float> out(R0 * C0);
+        std::vector<unsigned char> params(R0 * C0 * 4);
+        auto attempt = [&](auto&& call) {
+          try {
+            call();
+            refused[std::size_t(r)].push_back("");
+          } catch (const std::exception& e) {
+            refused[std::size_t(r)].push_back(e.what());
+          }
+        };
+        attempt([&] { opt.copy_master(id, out.data()); });
+        attempt([&] { opt.copy_exp_avg_sq(id, out.data()); });
+        attempt([&] { (void)opt.column_counts(id); });
+        attempt([&] { opt.copy_params_synchronized(id, params.data()); });
+      }
+    }
+    got[std::size_t(r)] = state_of(opt, m);
+  });
+  const char* calls[] = {"copy_master()", "copy_exp_avg_sq()", "column_counts()", "copy_params_synchronized()"};
+  for (int r = 0; r < R; ++r) {
+    CAPTURE(r);
+    REQUIRE(refused[std::size_t(r)].size() == 4);
+    for (std::size_t c = 0; c < 4; ++c) {
+      CAPTURE(c);
+      if (r == 1)
+        CHECK(refused[1][c] == "zenflow: no matrix 99");
+      else
+        CHECK(refused[std::size_t(r)][c] ==
+              "zenflow: " + std::string(calls[c]) +
+                  " refused on every rank: another rank refused its arguments or has an error left on its thread by "
+                  "an earlier call, not zenflow's (it throws that error); nothing was changed");
+    }
+    CHECK(got[std::size_t(r)] == want);  // as if the refused calls never were
+  }
+}
+
+// The ranks' gather space grows in the middle of a step (its first statistics gather here): a
+// rank that cannot allocate it throws its error and the others throw too (they waited in the
+// gather for ever), every rank stops alike (the step failed midway: refused until a load), and
+// a load on every rank goes on bit-exactly.
+TEST_CASE("data parallel, ranks as threads: an allocation that fails on one rank mid-step stops every rank alike") {
+  using zf_test::alloc_fail_space;
+  using fail_optimizer = optimizer<alloc_fail_space, column_topk, fused_adamw<alloc_fail_space>, simd_accumulator,
+                                   host_copy, bounded_async, zf_test::hub_communicator>;
+  const int R = 3, n = 9;
+  const config cfg = test_config(true);
+  const gradient_source src;
+  model rm;
+  optimizer<> ref(cfg);
+  rm.add_to(ref);
+  ref.initialize();
+  feed_reduced(ref, rm, src, R, reduce_op::mean, 0, n);
+  const auto want = state_of(ref, rm);
+
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/alloc_fail_set.ckpt";
+  zf_test::thread_hub hub(R);
+  std::vector<std::vector<unsigned char>> got(R);
+  std::vector<std::string> failed(R), refused(R);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    fail_optimizer opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    opt.save(path);  // (the state before the first step)
+    src.fill_all(m, 0, r, 0, reduce_op::mean);
+    alloc_fail_space::fail_alloc = r == 1;
+    try {
+      opt.step();
+    } catch (const std::exception& e) {
+      failed[std::size_t(r)] = e.what();
+    }
+    alloc_fail_space::fail_alloc = false;
+    try {
+      opt.step();
+    } catch (const std::exception& e) {
+      refused[std::size_t(r)] = e.what();
+    }
+    opt.load(path);
+    for (int s = 0; s < n; ++s) {
+      src.fill_all(m, s, r, 0, reduce_op::mean);
+      opt.step();
+    }
+    got[std::size_t(r)] = state_of(opt, m);
+  });
+  CHECK(failed[1] == std::bad_alloc().what());
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    CHECK(failed[std::size_t(r)].find("another rank could not allocate") != std::string::npos);
+  }
+  for (int r = 0; r < R; ++r) {
+    CAPTURE(r);
+    CAPTURE(refused[std::size_t(r)]);
+    CHECK(refused[std::size_t(r)].find("failed midway") != std::string::npos);  // (every rank: load to go on)
+    CHECK(got[std::size_t(r)] == want);
+  }
+}
+
+// save() takes rank 0's path for the manifest and the shards' base: a rank passing another
+// (a relative path from another working directory, say) would write a shard the manifest never
+// names while its clean-up removed the previous set's, leaving no loadable set. Refused on every
+// rank before anything is written: the previous set stands, no rank is out of step.
+TEST_CASE("data parallel, ranks as threads: a save whose path differs on one rank is refused on every rank, the previous "
+          "set intact") {
+  const int R = 3, n = 9, first = 3, second = 6;
+  const config cfg = test_config(true);
+  const gradient_source src;
+  model rm;
+  optimizer<> ref(cfg);
+  rm.add_to(ref);
+  ref.initialize();
+  feed_reduced(ref, rm, src, R, reduce_op::mean, 0, first);
+  const auto at_first = state_of(ref, rm);
+  feed_reduced(ref, rm, src, R, reduce_op::mean, first, n);
+  const auto want = state_of(ref, rm);
+
+  const std::string dir = std::string(ZF_TEST_TMP_DIR) + "/path_vote", path = dir + "/set.ckpt";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  zf_test::thread_hub hub(R);
+  std::vector<std::vector<unsigned char>> got(R);
+  std::vector<std::string> refused(R);
+  std::vector<std::string> files_before, files_after;
+  auto files = [&] {
+    std::vector<std::string> f;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) f.push_back(e.path().filename().string());
+    std::sort(f.begin(), f.end());
+    return f;
+  };
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    for (int s = 0; s < n; ++s) {
+      src.fill_all(m, s, r, 0, reduce_op::mean);
+      opt.step();
+      if (s + 1 == first) opt.save(r == 1 ? dir + "/./set.ckpt" : path);  // (the same place, spelled otherwise)
+      if (s + 1 == second) {
+        if (r == 0) files_before = files();
+        opt.synchronize();  // (a collective: every rank has seen the files before the save)
+        try {
+          opt.save(r == 2 ? dir + "/./../path_vote/other.ckpt" : path);
+        } catch (const std::invalid_argument& e) {
+          refused[std::size_t(r)] = e.what();
+        }
+        opt.synchronize();
+        if (r == 0) files_after = files();
+      }
+    }
+    got[std::size_t(r)] = state_of(opt, m);
+  });
+  for (int r = 0; r < R; ++r) {
+    CAPTURE(r);
+    CHECK(refused[std::size_t(r)] == "zenflow: save(" + (r == 2 ? dir + "/./../path_vote/other.ckpt" : path) +
+                                         ") refused on every rank: rank 2's path names another file than rank 0's "
+                                         "(every rank must pass the same path, naming the same place: made absolute, "
+                                         "they differ); nothing was written");
+    CHECK(got[std::size_t(r)] == want);  // no rank out of step
+  }
+  CHECK(files_after == files_before);
+  CHECK(files_before.size() == std::size_t(R) + 1);  // the first set: its shards and manifest
+  model om;
+  optimizer<> one(cfg);
+  om.add_to(one);
+  one.initialize();
+  one.load(path);
+  CHECK(state_of(one, om) == at_first);
+}
+
+namespace {
+// A Scheduler whose next job of a lane, once armed on a rank's thread, fails after a pause: long
+// enough for the rank's next step to have voted before the failure, so that it surfaces in the
+// middle of that step (the offload at its selection or before its own offload, the host update at
+// the drain that publishes it).
+struct late_failure : bounded_async {
+  static inline thread_local bool offload_armed = false, update_armed = false;
+  static std::function<void()> failing(const char* what) {
+    return [what] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      throw std::runtime_error(what);
+    };
+  }
+  template <class Job>
+  void launch_offload(Job&& job) {
+    if (!std::exchange(offload_armed, false)) return bounded_async::launch_offload(std::forward<Job>(job));
+    bounded_async::launch_offload(failing("gradient offload failed"));
+  }
+  template <class Job>
+  void launch(Job&& job) {
+    if (!std::exchange(update_armed, false)) return bounded_async::launch(std::forward<Job>(job));
+    bounded_async::launch(failing("host update failed"));
+  }
+};
+}  // namespace
+
+// A background job that fails on one rank after the ranks voted to step would throw on that rank
+// alone in the middle of the step, the others waiting in its collectives for ever. The offload
+// lane is settled before the vote (its error is in it: every rank refuses the step), the host
+// update's wait is voted on (every rank stops there): either way every rank throws, and a load
+// on every rank goes on bit-exactly.
+TEST_CASE("data parallel, ranks as threads: a background job failing late on one rank stops every rank alike") {
+  using late_optimizer =
+      optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, late_failure,
+                zf_test::hub_communicator>;
+  const int R = 3, n = 9, saved_after = 2;
+  const config cfg = test_config(true);  // selections at t = 1, 5, 9; boundaries every 2
+  const gradient_source src;
+  model rm;
+  optimizer<> ref(cfg);
+  rm.add_to(ref);
+  ref.initialize();
+  feed_reduced(ref, rm, src, R, reduce_op::mean, 0, n);
+  const auto want = state_of(ref, rm);
+  // the offload launched by step t = 4 (a boundary), met by t = 5 (a selection: it waits for the
+  // offload, then drains); the host update launched at t = 4, met by t = 5's drain
+  for (const bool offload : {true, false}) {
+    CAPTURE(offload);
+    const std::string path = std::string(ZF_TEST_TMP_DIR) + "/late_failure_set.ckpt";
+    zf_test::thread_hub hub(R);
+    std::vector<std::vector<unsigned char>> got(R);
+    std::vector<std::string> failed(R);
+    zf_test::on_ranks(hub, [&](int r) {
+      model m;
+      late_optimizer opt(cfg, zf_test::hub_communicator(hub, r));
+      m.add_to(opt);
+      opt.initialize();
+      for (int s = 0; s <= 4; ++s) {
+        src.fill_all(m, s, r, 0, reduce_op::mean);
+        if (s == 3 && r == 1) (offload ? late_failure::offload_armed : late_failure::update_armed) = true;
+        try {
+          opt.step();
+        } catch (const std::exception& e) {
+          failed[std::size_t(r)] = e.what();
+          REQUIRE(s == 4);
+        }
+        if (s == saved_after) opt.save(path);
+      }
+      opt.load(path);
+      for (int s = saved_after + 1; s < n; ++s) {
+        src.fill_all(m, s, r, 0, reduce_op::mean);
+        opt.step();
+      }
+      got[std::size_t(r)] = state_of(opt, m);
+    });
+    CHECK(failed[1] == (offload ? "gradient offload failed" : "host update failed"));
+    for (int r : {0, 2}) {
+      CAPTURE(r);
+      if (offload)
+        CHECK(failed[std::size_t(r)] == "zenflow: step() refused on every rank: rank 1's background job failed; the "
+                                        "ranks are no longer in step: load a checkpoint on every rank to go on");
+      else
+        CHECK(failed[std::size_t(r)] == "zenflow: the host update failed on another rank (which threw its error)");
+    }
+    for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);
+  }
 }
 
 #if defined(__linux__)

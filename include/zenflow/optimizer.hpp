@@ -53,7 +53,7 @@ struct optimizer_stats {
   std::uint64_t bytes_to_host = 0;  // device -> host, applied steps only
   std::uint64_t bytes_to_device = 0;
   // Of bytes_to_device, those a host update's job uploaded ahead of the boundary that applied them
-  // (a transport's upload_ahead(true)); since this optimizer was made (not carried by checkpoints).
+  // (a transport's upload_ahead(true)); carried by checkpoints, as the other counters.
   std::uint64_t bytes_uploaded_ahead = 0;
   double stall_seconds = 0;         // time step() waited for host work (a late host update, the last
                                     // step's offload, warm-up's host AdamW, which runs inline)
@@ -76,8 +76,8 @@ struct optimizer_stats {
   std::uint64_t bytes_gathered = 0;
   // Data parallel: seconds step() spent reducing gradients on the calling thread (widening, the
   // collective, rounding back; the gathers of column statistics and selected columns; on the
-  // CUDA space the enqueueing, the device runs it in order), since this optimizer was made (not
-  // carried by checkpoints).
+  // CUDA space the enqueueing, the device runs it in order); carried by checkpoints, as the other
+  // counters.
   double reduce_seconds = 0;
 };
 
@@ -251,8 +251,9 @@ class optimizer {
   // whether every rank can step: agree_to_step): the ranks' gradients are reduced first, so
   // every rank takes the same decisions and keeps the same state. Afterwards the grad buffers
   // hold the reduced gradient (rounded to their dtype) where this rank used it — the vectors,
-  // the columns of its blocks, the selected columns — and its own gradient elsewhere (all of
-  // them reduced with a communicator that has no reduce_scatter: mpi_allreduce_communicator,
+  // the columns of its blocks, the selected columns (a skipped step stops before it gathers
+  // those: there only the vectors and its blocks' columns) — and its own gradient elsewhere (all
+  // of them reduced with a communicator that has no reduce_scatter: mpi_allreduce_communicator,
   // nccl_allreduce_communicator).
   step_info step(float grad_scale = 1.0f) {
     if (!initialized_) fail("step() before initialize()");
@@ -339,9 +340,8 @@ class optimizer {
   }
   std::vector<std::uint32_t> column_counts(matrix_id id) {
     const std::size_t matrix = id.index();
-    check_matrix(matrix);
     enter();
-    enter_collective("column_counts()", [&] { quiesce(); });
+    enter_collective("column_counts()", [&] { quiesce(); }, [&] { check_matrix(matrix); });
     const auto& hs = host_.matrix(matrix);
     std::vector<std::uint32_t> out(matrices_[matrix].cols);  // (no host state: every column is selected)
     if (hs.on_host) {
@@ -365,12 +365,14 @@ class optimizer {
   // their registered params are always current.)
   void copy_params_synchronized(matrix_id id, void* out) {
     const std::size_t i = id.index();
-    check_matrix(i);
     enter();
-    enter_collective("copy_params_synchronized()", [&] {
-      check_usable();
-      quiesce();
-    });
+    enter_collective(
+        "copy_params_synchronized()",
+        [&] {
+          check_usable();
+          quiesce();
+        },
+        [&] { check_matrix(i); });
     const matrix_param& p = matrices_[i];
     const std::size_t es = size_of(p.param_type);
     space_.download(out, p.param, p.rows * p.cols * es);
@@ -1003,6 +1005,10 @@ class optimizer {
   }
   void agree_to_step(float grad_scale) {
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    // the last step's offload finished first, so that its error, if any, is in this vote (one
+    // found later in the step would be this rank's alone; the step waits for it anyway before
+    // its own offload)
+    if constexpr (requires { scheduler_.settle_offload(); }) scheduler_.settle_offload();
     auto& votes = votes_;  // (members: sized once, no allocation a step)
     votes.assign(R, step_vote{0.0f, 0});
     votes[me].scale = grad_scale;
@@ -1045,27 +1051,44 @@ class optimizer {
              " on rank 0; every rank must pass the same (the ranks apply one reduced gradient)");
   }
   // Data parallel, the calls that are collectives besides step() (synchronize, save, the state
-  // copies, column_counts): `local` does what may fail on this rank alone — the check that no
-  // step failed midway here, the wait for the background jobs (their errors are this rank's) —
-  // then the ranks vote, before any collective, so that a failure on one rank throws on every
-  // rank instead of leaving the others waiting in a collective it never joins. The failing rank
-  // throws its own error; the others throw too and, their state no longer in step with that
-  // rank's, refuse further work until a load (on every rank) succeeds.
-  template <class Local>
-  void enter_collective(const char* call, Local&& local) {
-    // First an error an earlier call left on a rank's thread (as step() does): refused on every
-    // rank with nothing changed, no rank out of step. (A space that cannot have one: no vote.)
-    if constexpr (reports_pending_errors) {
-      if (!distributed()) {
-        check_no_pending_error(call);
-      } else if (!comm_.all_agree(!error_pending())) {
-        check_no_pending_error(call);
-        throw std::runtime_error("zenflow: " + std::string(call) +
-                                 " refused on every rank: another rank has an error left on its thread by an earlier "
-                                 "call, not zenflow's (it throws that error); nothing was changed");
+  // copies, column_counts): `check` checks this call's arguments (a matrix id), `local` does what
+  // may fail on this rank alone — the check that no step failed midway here, the wait for the
+  // background jobs (their errors are this rank's) — and the ranks vote on each before any
+  // collective, so that a failure on one rank throws on every rank instead of leaving the others
+  // waiting in a collective it never joins. A refused argument, or an error an earlier call left
+  // on a rank's thread (as step() checks), is refused on every rank with nothing changed and no
+  // rank out of step (the rank at fault throws its own error). A failure in `local` is not: the
+  // failing rank throws its own error, the others throw too and, their state no longer in step
+  // with that rank's, refuse further work until a load (on every rank) succeeds.
+  struct no_check {
+    void operator()() const noexcept {}
+  };
+  template <class Local, class Check = no_check>
+  void enter_collective(const char* call, Local&& local, Check&& check = {}) {
+    constexpr bool checks_arguments = !std::is_same_v<std::decay_t<Check>, no_check>;
+    if (!distributed()) {
+      check();
+      if constexpr (reports_pending_errors) check_no_pending_error(call);
+      return local();
+    }
+    if constexpr (checks_arguments || reports_pending_errors) {
+      std::exception_ptr refused;
+      try {
+        check();
+        if constexpr (reports_pending_errors) check_no_pending_error(call);
+      } catch (...) {
+        refused = std::current_exception();
+      }
+      if (!comm_.all_agree(!refused)) {
+        if (refused) std::rethrow_exception(refused);
+        throw std::runtime_error(
+            "zenflow: " + std::string(call) + " refused on every rank: another rank " +
+            (checks_arguments ? "refused its arguments or has an error left on its thread by an earlier call, not "
+                                "zenflow's"
+                              : "has an error left on its thread by an earlier call, not zenflow's") +
+            " (it throws that error); nothing was changed");
       }
     }
-    if (!distributed()) return local();
     std::exception_ptr mine;
     try {
       local();
@@ -1575,11 +1598,27 @@ class optimizer {
   static constexpr std::size_t registration_bytes(bool matrix) noexcept { return matrix ? 8 + 8 + 3 + 8 : 8 + 2 + 8; }
 
   // At least `bytes` of the space's device memory for a collective (contents not kept).
+  // Grown where a collective needs more: every rank asks for the same size at the same point
+  // (the sizes come from replicated state), so the ranks grow together, and vote on it: a rank
+  // that cannot allocate throws its error and the others throw too, instead of waiting in the
+  // collective it never joins. (Mid-step, the step's guard then stops every rank alike.)
   unsigned char* gather_space(std::size_t bytes) {
     if (gather_buf_.size() < bytes) {
       if (gather_buf_.size()) space_.fence();  // the device may still read the old one
       gather_buf_ = {};
-      gather_buf_ = typename Space::template buffer<unsigned char>(bytes);
+      std::exception_ptr failed;
+      try {
+        gather_buf_ = typename Space::template buffer<unsigned char>(bytes);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      if (distributed() && !comm_.all_agree(!failed)) {
+        gather_buf_ = {};  // (the sizes stay the same on every rank: the next growth is at one point)
+        if (failed) std::rethrow_exception(failed);
+        throw std::runtime_error("zenflow: another rank could not allocate " + std::to_string(bytes) +
+                                 " bytes for the ranks' gather space (it threw its error)");
+      }
+      if (failed) std::rethrow_exception(failed);
     }
     return gather_buf_.data();
   }
@@ -1861,8 +1900,24 @@ class optimizer {
 
   // Waits for the host update in flight, if any, and uploads the columns it changed (or, when
   // its job uploaded them ahead, applies them from the device area).
+  // Data parallel, the ranks vote on the wait first: a host update that failed on one rank
+  // throws on every rank (each then stops: the step fails midway), rather than leave the others
+  // in the collectives that publish it. (drain runs at the same point on every rank.)
   void drain() {
-    scheduler_.wait();
+    if (distributed()) {
+      std::exception_ptr failed;
+      try {
+        scheduler_.wait();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      if (!comm_.all_agree(!failed)) {
+        if (failed) std::rethrow_exception(failed);
+        throw std::runtime_error("zenflow: the host update failed on another rank (which threw its error)");
+      }
+    } else {
+      scheduler_.wait();
+    }
     if (!pending_) return;
     if (ahead_filled_) {
       apply_ahead();
@@ -2094,9 +2149,8 @@ class optimizer {
   template <class DeviceArray, class HostArray>
   void column_state(const char* call, std::size_t matrix, float* out, DeviceArray dev, HostArray host,
                     bool master = false) {
-    check_matrix(matrix);
     enter();
-    enter_collective(call, [&] { quiesce(); });
+    enter_collective(call, [&] { quiesce(); }, [&] { check_matrix(matrix); });
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;
     if (const auto& hs = host_.matrix(matrix); hs.on_host) {  // this rank's block, then the others'

@@ -196,25 +196,45 @@ struct optimizer_checkpoint {
     }
   }
 
+  // A digest of `path` made absolute (lexically: no file-system look-up), to compare the ranks'.
+  static std::uint64_t path_digest(const std::string& path) {
+    std::string abs;
+    try {
+      abs = std::filesystem::absolute(std::filesystem::path(path)).lexically_normal().string();
+    } catch (const std::exception&) {  // (no working directory: the path as given)
+      abs = path;
+    }
+    return ckpt::fnv1a64(reinterpret_cast<const unsigned char*>(abs.data()), abs.size());
+  }
+
   static void save_set(Opt& o, const std::string& path) {
     auto& comm = o.comm_;
     const int R = comm.size(), rank = comm.rank();
     if (std::uint64_t(R) > max_shards)  // (the same R on every rank: every rank throws here)
       throw std::runtime_error("zenflow: a sharded checkpoint holds at most " + std::to_string(max_shards) +
                                " shards; this job has " + std::to_string(R) + " ranks");
-    std::vector<std::size_t> counts(std::size_t(R), 0);
+    std::vector<std::size_t> counts(std::size_t(R), 16);
     // rank 0 tells every rank the new generation: above the previous set's and above every shard
     // file of this base in the directory, so that a set whose manifest cannot be read (damaged,
-    // or an I/O error) never has its shards overwritten
-    std::uint64_t gen[1] = {1};
+    // or an I/O error) never has its shards overwritten. With it, each rank's path made absolute
+    // (a digest): rank 0's names the manifest and the shards' base, so a rank whose path differs
+    // (a relative path from another working directory, say) would write shards the manifest
+    // never finds while its clean-up removed the previous set's — every rank refuses instead,
+    // before anything is written.
+    std::vector<std::uint64_t> gen(2 * std::size_t(R), 0);
     if (rank == 0) {
       gen[0] = highest_generation(dir_of(path), base_of(path)) + 1;
       if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
     }
-    counts[0] = sizeof gen;
-    o.all_gather_host(gen, counts.data());
+    gen[2 * std::size_t(rank) + 1] = path_digest(path);
+    o.all_gather_host(gen.data(), counts.data());
+    for (int r = 1; r < R; ++r)
+      if (gen[2 * std::size_t(r) + 1] != gen[1])
+        throw std::invalid_argument("zenflow: save(" + path + ") refused on every rank: rank " + std::to_string(r) +
+                                    "'s path names another file than rank 0's (every rank must pass the same path, "
+                                    "naming the same place: made absolute, they differ); nothing was written");
     const std::string dir = dir_of(path), base = base_of(path);
-    const std::string mine = shard_path(dir, base, gen[0], rank, R);
+    const std::string mine = shard_path(dir, base, gen[0], rank, R);  // (gen[0]: rank 0's)
     std::exception_ptr failed;
     // each rank's shard: its size and digest, gathered for the manifest
     std::vector<std::uint64_t> shards(2 * std::size_t(R), 0);

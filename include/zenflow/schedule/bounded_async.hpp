@@ -45,8 +45,9 @@ class worker_lane {
   }
 
   // Blocks until no job is in flight, the seconds blocked in `blocked` (set before anything is
-  // thrown: the device idled all the same); then rethrows what the job threw.
-  void wait(double& blocked) {
+  // thrown: the device idled all the same); then rethrows what the job threw (with `rethrow`;
+  // else the error stays held for the next wait).
+  void wait(double& blocked, bool rethrow = true) {
     std::unique_lock lock(mu_);
     blocked = 0;
     if (job_ || running_) {
@@ -54,7 +55,7 @@ class worker_lane {
       done_cv_.wait(lock, [&] { return !job_ && !running_; });
       blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    if (error_ && rethrow) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
   // Blocks until no job is in flight; false when a job's error is held for wait() (left there).
@@ -137,6 +138,15 @@ class bounded_async {
   bool wait_offload_quiet() { return offload_.wait_quiet(); }
   // Whether an offload is in flight (a job that has finished, even with an error, is not).
   bool offload_busy() const { return offload_.busy(); }
+  // Blocks until no offload is in flight (stall, as wait_offload), leaving an error it threw held
+  // (failed() then says so) for the next wait_offload. The data-parallel ranks settle the lane
+  // before they compare failed() for a step: an offload that failed later, once the ranks had
+  // agreed to go on, would throw on its rank alone in the middle of the step's collectives.
+  void settle_offload() {
+    double s = 0;
+    offload_.wait(s, false);
+    add_stall(s);
+  }
 
   bool busy() const { return update_.busy() || offload_.busy(); }
   // Whether a job has failed and its error waits for the next wait() or wait_offload(): a poll
