@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <new>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -39,6 +40,24 @@
 #include "data_parallel_support.hpp"
 
 using namespace zenflow;
+
+// operator new for the whole program, so that one test can make one rank's allocations fail:
+// while fail_new_from is set on a thread, requests of at least that many bytes throw there.
+// (operator delete frees what this operator new took from malloc: the pair is replaced together,
+// which GCC cannot see)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+namespace {
+thread_local std::size_t fail_new_from = 0;
+}  // namespace
+void* operator new(std::size_t n) {
+  if (fail_new_from && n >= fail_new_from) throw std::bad_alloc();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -1401,6 +1420,59 @@ TEST_CASE("data parallel: mpi_communicator's reduce_scatter keeps its receive bu
   }
   CAPTURE(comm.bytes_allocated());
   CHECK(comm.bytes_allocated() <= sizeof(float) * (2 * T + 2 * Rs) + 4 * sizeof(int) * Rs);
+}
+
+// The communicator's buffers grow at a collective's first call; a rank that cannot allocate them
+// must not leave the others in the collective (they waited in MPI_Alltoallv for ever): every
+// rank throws before anything is sent, the data as it was, and the next call works.
+TEST_CASE("data parallel: mpi_communicator: an allocation that fails on one rank throws on every rank, then goes on") {
+  const int R = ranks(), me = my_rank();
+  const std::size_t n = std::size_t(1) << 14;
+  const int failing = R - 1;  // (with one rank nothing is reduced, nothing allocated: the call just works)
+  auto expect = [&](const std::string& what) {
+    if (R == 1) CHECK(what.empty());
+    else if (me == failing) CHECK(what == std::bad_alloc().what());
+    else
+      CHECK(what == "zenflow: mpi_communicator: another rank could not allocate its buffers for this collective (it "
+                    "threw its error); nothing was sent");
+  };
+  {  // reduce
+    mpi_communicator comm(MPI_COMM_WORLD);
+    std::vector<float> data(n, float(me + 1));
+    std::string what;
+    fail_new_from = me == failing ? 1024 : 0;
+    try {
+      comm.reduce(data.data(), n, reduce_op::sum);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    fail_new_from = 0;
+    expect(what);
+    CHECK(std::all_of(data.begin(), data.end(), [&](float x) { return x == float(R > 1 ? me + 1 : 1); }));
+    CHECK(comm.bytes_sent() == 0);
+    comm.reduce(data.data(), n, reduce_op::sum);  // 1 + 2 + ... + R, exact
+    CHECK(std::all_of(data.begin(), data.end(), [&](float x) { return x == float(R * (R + 1) / 2); }));
+  }
+  {  // reduce_scatter: rank r's segment of n / R elements (the last one the rest)
+    mpi_communicator comm(MPI_COMM_WORLD);
+    std::vector<std::size_t> counts(static_cast<std::size_t>(R), n / std::size_t(R));
+    counts.back() += n % std::size_t(R);
+    std::vector<float> data(n, float(me + 1));
+    std::string what;
+    fail_new_from = me == failing ? 1024 : 0;
+    try {
+      comm.reduce_scatter(data.data(), counts.data(), reduce_op::sum);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    fail_new_from = 0;
+    expect(what);
+    CHECK(comm.bytes_sent() == 0);
+    comm.reduce_scatter(data.data(), counts.data(), reduce_op::sum);
+    const std::size_t own = n / std::size_t(R) * std::size_t(me);
+    CHECK(std::all_of(data.begin() + std::ptrdiff_t(own), data.begin() + std::ptrdiff_t(own + counts[std::size_t(me)]),
+                      [&](float x) { return x == float(R * (R + 1) / 2); }));
+  }
 }
 
 // A rank killed (SIGKILL) in the middle of the ranks' saves: the job ends (mpirun takes the other

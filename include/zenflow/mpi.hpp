@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,9 @@ class mpi_communicator {
     // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
     const std::size_t round_max = std::min(lim_.round, lim_.int_max);
     const std::size_t R = std::size_t(size_);
+    if (n == 0) return;
+    const std::size_t most = (std::min(round_max, n) + R - 1) / R;  // a rank's largest piece (the first round's)
+    grow(most * R, most, 0);
     counts_.resize(R);  // (members: no allocation per step once sized)
     displs_.resize(R);
     mine_.resize(R);
@@ -149,6 +153,9 @@ class mpi_communicator {
     // Alltoallv takes int displacements from one send buffer: the segments in place when they
     // fit, else a packed copy of each round
     const bool in_place = total <= lim_.int_max;
+    std::size_t first_round = 0;  // the packed copy of the first round, the largest
+    for (std::size_t r = 0; r < R; ++r) first_round += std::min(round_max, counts[r]);
+    grow(std::min(round_max, longest) * R, 0, in_place ? 0 : first_round);
     for (std::size_t off = 0; off < longest; off += round_max) {
       std::size_t seg = 0, packed = 0, sent = 0;
       for (std::size_t r = 0; r < R; ++r) {  // this round: elements [off, off + len) of segment r
@@ -182,6 +189,7 @@ class mpi_communicator {
   // MPI's int, else each rank's block broadcast from it in pieces of at most 1 GiB.
   void all_gather(void* data, const std::size_t* bytes) {
     if (size_ == 1) return;
+    grow(0, 0, 0);
     const std::size_t R = std::size_t(size_);
     std::size_t total = 0;
     for (std::size_t r = 0; r < R; ++r) total += bytes[r];
@@ -210,6 +218,33 @@ class mpi_communicator {
   }
 
  private:
+  // The buffers grown before a call's first collective, to bounds every rank computes alike from
+  // the call's arguments (the same on every rank), so that the ranks grow at the same calls — and
+  // vote on it there: a rank that cannot allocate throws its error and the others throw too,
+  // instead of waiting for it in the collective. When refused, every rank drops them (they go on
+  // growing alike). The loops' resizes stay within these capacities.
+  void grow(std::size_t pieces, std::size_t shard, std::size_t packed) {
+    const std::size_t R = std::size_t(size_);
+    if (pieces_.capacity() >= pieces && shard_.capacity() >= shard && packed_.capacity() >= packed &&
+        counts_.capacity() >= R && displs_.capacity() >= R && mine_.capacity() >= R && mine_displs_.capacity() >= R)
+      return;
+    std::exception_ptr failed;
+    try {
+      pieces_.reserve(pieces);
+      shard_.reserve(shard);
+      packed_.reserve(packed);
+      for (auto* v : {&counts_, &displs_, &mine_, &mine_displs_}) v->reserve(R);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (all_agree(!failed)) return;
+    for (auto* v : {&pieces_, &shard_, &packed_}) std::vector<float>().swap(*v);
+    for (auto* v : {&counts_, &displs_, &mine_, &mine_displs_}) std::vector<int>().swap(*v);
+    if (failed) std::rethrow_exception(failed);
+    throw std::runtime_error("zenflow: mpi_communicator: another rank could not allocate its buffers for this "
+                             "collective (it threw its error); nothing was sent");
+  }
+
   static void check(int rc, const char* what) {
     if (rc == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING] = {};

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -113,7 +114,7 @@ class nccl_communicator {
     at.resize(R + 1);
     for (std::size_t r = 0; r <= R; ++r) at[r] = detail::shard_begin(n, size_, int(r));
     const std::size_t m = at[me + 1] - at[me];
-    float* pieces = pieces_for(m * R);
+    float* pieces = pieces_for((n + R - 1) / R * R);  // (a bound of every rank's m R: see pieces_for)
     // every rank's piece of each shard to the shard's owner (mine to me too)
     check(ncclGroupStart(), "ncclGroupStart");
     for (std::size_t r = 0; r < R; ++r) {
@@ -145,7 +146,7 @@ class nccl_communicator {
     const std::size_t P = std::min(lim_.round, 2 * ((at[R] + R - 1) / R));
     // (the rounds reuse it: each round's receives are queued after the last round's sum, which
     // reads it, on the same stream)
-    float* pieces = pieces_for(std::min(P, counts[me]) * R);
+    float* pieces = pieces_for(std::min(P, longest) * R);  // (every rank's bound: see pieces_for)
     for (std::size_t off = 0; off < longest; off += P) {
       const std::size_t m = counts[me] > off ? std::min(P, counts[me] - off) : 0;
       check(ncclGroupStart(), "ncclGroupStart");
@@ -202,11 +203,28 @@ class nccl_communicator {
     ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
   }
 
+  // The receive buffer, grown to n elements, n a bound every rank computes alike from the call's
+  // arguments (the same on every rank), so that the ranks grow at the same calls — and vote on
+  // it there: a rank whose device cannot allocate it throws its error and the others throw too,
+  // instead of waiting for it in the collective (nothing is enqueued yet). When refused, every
+  // rank drops it (they go on growing alike).
   float* pieces_for(std::size_t n) {
     if (pieces_.size() < n) {
       if (pieces_.size()) ZF_CUDA_TRY(cudaStreamSynchronize(stream_));  // the last reduction may still read it
       pieces_ = {};
-      pieces_ = device_array<float>(n);
+      std::exception_ptr failed;
+      try {
+        if (!flag_.size()) flag_ = device_array<int>(1);  // (all_agree's, for this vote)
+        pieces_ = device_array<float>(n);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      if (!all_agree(!failed)) {
+        pieces_ = {};
+        if (failed) std::rethrow_exception(failed);
+        throw std::runtime_error("zenflow: nccl_communicator: another rank could not allocate its receive buffer "
+                                 "(it threw its error); nothing was sent");
+      }
     }
     return pieces_.data();
   }
