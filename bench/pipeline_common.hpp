@@ -87,18 +87,20 @@ struct point {
   bool upload_ahead = false;  // ZenFlow's transport uploads a host update's params ahead of its boundary
 };
 
+// The base point first, then the base point and the lowest compute ratio with uploads ahead, then
+// the sweeps: a run cut short by a time limit (or --quick, which keeps two) has the goal's point
+// and its variant.
 inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
   std::vector<point> points;
   points.push_back({0.1, 4, 0.5, 25.0, 0, "base"});
+  points.push_back({0.1, 4, 0.5, 25.0, 0, "upload_ahead", true});
+  points.push_back({0.1, 4, 0.25, 25.0, 0, "upload_ahead", true});
   for (double r : {0.01, 0.05, 0.2}) points.push_back({r, 4, 0.5, 25.0, 0, "topk_ratio"});
   for (unsigned U : {1u, 2u, 8u}) points.push_back({0.1, U, 0.5, 25.0, 0, "update_interval"});
   for (double f : {0.25, 1.0, 2.0}) points.push_back({0.1, 4, f, 25.0, 0, "compute"});
   if (link_sweep)
     for (double g : {12.0, 50.0}) points.push_back({0.1, 4, 0.5, g, 0, "link"});
   if (cores > 1) points.push_back({0.1, 4, 0.5, 25.0, 1, "host_threads"});
-  // the base point and the lowest compute ratio again, with uploads ahead
-  points.push_back({0.1, 4, 0.5, 25.0, 0, "upload_ahead", true});
-  points.push_back({0.1, 4, 0.25, 25.0, 0, "upload_ahead", true});
   return points;
 }
 
