@@ -824,17 +824,34 @@ TEST_CASE("data parallel: a load that fails on one rank changes nothing on any r
   MPI_Barrier(MPI_COMM_WORLD);
   trained t(src, cfg, 3);
   const auto before = state_of(t.opt, t.m);
+  // the counters too (state_of has params, master, moments and counts: not the step counters,
+  // the open window, the bytes)
+  auto counters = [&] {
+    const auto st = t.opt.stats();
+    return std::vector<std::uint64_t>{st.steps,         st.skipped_steps,  st.selections,    st.host_updates,
+                                      st.bytes_to_host, st.bytes_to_device, st.bytes_reduced, st.bytes_gathered};
+  };
+  const auto counted = counters();
   const bool last = my_rank() == ranks() - 1;
   for (const std::string& bad : {tmp_path("mpi_agree_missing.zfc"), damaged}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(t.opt.load(last ? bad : good), checkpoint_error);
     CHECK(state_of(t.opt, t.m) == before);
+    CHECK(counters() == counted);
   }
   for (const std::string& bad : {no_shard, bad_shard}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(t.opt.load(bad), checkpoint_error);
     CHECK(state_of(t.opt, t.m) == before);
+    CHECK(counters() == counted);
   }
+  // and the run goes on from there as one that never tried (its open window, t = 3 with U = 2,
+  // included): against the reference of steps [0, 6)
+  for (int s = 3; s < 6; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  CHECK(state_of(t.opt, t.m) == reference_state(src, cfg, 0, 6, false));
   t.opt.load(good);
   for (int s = 6; s < 9; ++s) {
     src.local_grads(t.m, s);
@@ -988,8 +1005,9 @@ TEST_CASE("data parallel: ranks that read different checkpoints refuse the load,
   if (last) std::filesystem::copy_file(shard_name(b, 1, my_rank()), shard_name(mixed, 1, my_rank()),
                                        std::filesystem::copy_options::overwrite_existing);
   MPI_Barrier(MPI_COMM_WORLD);
-  trained t(src, cfg, 2);
+  trained t(src, cfg, 3);  // (t = 3 with U = 2: a window open, its accumulator partly filled)
   const auto before = state_of(t.opt, t.m);
+  const auto steps_before = t.opt.stats().steps;
   CHECK_THROWS_WITH_AS(t.opt.load(last ? b : a), doctest::Contains("read another checkpoint than rank 0"),
                        checkpoint_error);
   CHECK(state_of(t.opt, t.m) == before);
@@ -999,6 +1017,13 @@ TEST_CASE("data parallel: ranks that read different checkpoints refuse the load,
   else
     CHECK_THROWS_WITH_AS(t.opt.load(mixed), doctest::Contains("another rank could not load"), checkpoint_error);
   CHECK(state_of(t.opt, t.m) == before);
+  CHECK(t.opt.stats().steps == steps_before);
+  // the run goes on from there as one that never tried (the open window included)
+  for (int s = 3; s < 5; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  CHECK(state_of(t.opt, t.m) == reference_state(src, cfg, 0, 5, false));
   t.opt.load(a);
   for (int s = 4; s < 7; ++s) {
     src.local_grads(t.m, s);
