@@ -1523,6 +1523,9 @@ class optimizer {
       if (what.empty() && !(theirs.adam.lr == first.adam.lr))
         what = "config differs: lr is " + detail::exact(theirs.adam.lr) + " on " + them + ", " +
                detail::exact(first.adam.lr) + " on rank 0";
+      if (what.empty())  // (every value compares equal, the bytes do not: only a zero's sign can do that)
+        what = "config differs: a value is -0 on " + them + " or on rank 0 and 0 on the other (the same number, "
+               "but the ranks compare their configs bit for bit)";
       throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
                          "); every rank needs the same config, host_threads aside");
     }
