@@ -657,13 +657,15 @@ TEST_CASE("cuda: an error the trainer left unchecked refuses step() with nothing
           CHECK(std::string(e.what()).find("a CUDA error from an earlier call on this thread was never checked") !=
                 std::string::npos);
         }
-        // on another stream too: the switch waits (its hand-over must not overwrite the error)
+        // on another stream too, and the switch waits for the next call (a hand-over record that
+        // the runtime refused would overwrite the error: nothing is recorded while one is pending)
         try {
           bad.step(other, 1.0f);
           FAIL("step() on another stream ran on a pending error");
         } catch (const cuda_error& e) {
           CHECK(e.code() == cudaErrorInvalidConfiguration);
         }
+        CHECK(bad.space().stream() == stream);
         CHECK(bad.stats().steps == before.steps);
         CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);  // left for the trainer, who reads it now
       }

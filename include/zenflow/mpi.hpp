@@ -137,10 +137,6 @@ class mpi_communicator {
   void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
     if (size_ == 1) return;
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
-    counts_.resize(R);
-    displs_.resize(R);
-    mine_.resize(R);
-    mine_displs_.resize(R);
     std::size_t longest = 0, total = 0, own = 0;  // own: where this rank's segment starts
     for (std::size_t r = 0; r < R; ++r) {
       longest = std::max(longest, counts[r]);
@@ -156,6 +152,10 @@ class mpi_communicator {
     std::size_t first_round = 0;  // the packed copy of the first round, the largest
     for (std::size_t r = 0; r < R; ++r) first_round += std::min(round_max, counts[r]);
     grow(std::min(round_max, longest) * R, 0, in_place ? 0 : first_round);
+    counts_.resize(R);  // (within what grow reserved)
+    displs_.resize(R);
+    mine_.resize(R);
+    mine_displs_.resize(R);
     for (std::size_t off = 0; off < longest; off += round_max) {
       std::size_t seg = 0, packed = 0, sent = 0;
       for (std::size_t r = 0; r < R; ++r) {  // this round: elements [off, off + len) of segment r

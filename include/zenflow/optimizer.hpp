@@ -990,8 +990,8 @@ class optimizer {
   // grad_scales that differ (the ranks would apply different updates to what must stay the same
   // state) make every rank throw here, nothing changed — instead of the others waiting in a
   // collective that rank never joins, or the states drifting apart. The rank at fault throws its
-  // own error. (A background job that fails
-  // after this point still surfaces on its rank alone, later in the step: see the README.)
+  // own error. (The last step's offload is finished first, so its error is in the vote; the host
+  // update's wait later in the step is voted on in drain().)
   struct step_vote {
     float scale;
     // 1: a step failed midway; 2: a background job's error waits; 3: an earlier call left an
@@ -1523,9 +1523,10 @@ class optimizer {
       if (what.empty() && !(theirs.adam.lr == first.adam.lr))
         what = "config differs: lr is " + detail::exact(theirs.adam.lr) + " on " + them + ", " +
                detail::exact(first.adam.lr) + " on rank 0";
-      if (what.empty())  // (every value compares equal, the bytes do not: only a zero's sign can do that)
-        what = "config differs: a value is -0 on " + them + " or on rank 0 and 0 on the other (the same number, "
-               "but the ranks compare their configs bit for bit)";
+      if (what.empty())  // (every value compares equal, the bytes do not: -0 against 0, or the unused step
+                         // count of an automatic interval)
+        what = "config differs in its bytes on " + them + " though every value compares equal: a -0 where the "
+               "other has 0, or an automatic interval's unused steps; the ranks compare their configs bit for bit";
       throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
                          "); every rank needs the same config, host_threads aside");
     }
