@@ -1060,49 +1060,56 @@ class optimizer {
   // rank out of step (the rank at fault throws its own error). A failure in `local` is not: the
   // failing rank throws its own error, the others throw too and, their state no longer in step
   // with that rank's, refuse further work until a load (on every rank) succeeds.
-  struct no_check {
+  struct nothing {
     void operator()() const noexcept {}
   };
-  template <class Local, class Check = no_check>
+  template <class Local, class Check = nothing>
   void enter_collective(const char* call, Local&& local, Check&& check = {}) {
-    constexpr bool checks_arguments = !std::is_same_v<std::decay_t<Check>, no_check>;
+    constexpr bool checks_arguments = !std::is_same_v<std::decay_t<Check>, nothing>;
     if (!distributed()) {
       check();
       if constexpr (reports_pending_errors) check_no_pending_error(call);
       return local();
     }
-    if constexpr (checks_arguments || reports_pending_errors) {
-      std::exception_ptr refused;
-      try {
-        check();
-        if constexpr (reports_pending_errors) check_no_pending_error(call);
-      } catch (...) {
-        refused = std::current_exception();
-      }
-      if (!comm_.all_agree(!refused)) {
-        if (refused) std::rethrow_exception(refused);
-        throw std::runtime_error(
-            "zenflow: " + std::string(call) + " refused on every rank: another rank " +
-            (checks_arguments ? "refused its arguments or has an error left on its thread by an earlier call, not "
-                                "zenflow's"
-                              : "has an error left on its thread by an earlier call, not zenflow's") +
-            " (it throws that error); nothing was changed");
-      }
-    }
+    if constexpr (checks_arguments || reports_pending_errors)
+      on_every_rank(
+          [&] {
+            check();
+            if constexpr (reports_pending_errors) check_no_pending_error(call);
+          },
+          [&] {
+            return "zenflow: " + std::string(call) + " refused on every rank: another rank " +
+                   (checks_arguments ? "refused its arguments or has an error left on its thread by an earlier call, "
+                                       "not zenflow's"
+                                     : "has an error left on its thread by an earlier call, not zenflow's") +
+                   " (it throws that error); nothing was changed";
+          });
+    on_every_rank(
+        local,
+        [&] {
+          return "zenflow: " + std::string(call) +
+                 " failed on another rank (which threw its error); the ranks are no longer in step: load a "
+                 "checkpoint on every rank to go on";
+        },
+        [&] { broken_ = std::string(call) + " failed on another rank"; });
+  }
+  // f() on this rank, then (data parallel) a vote on whether it threw on any rank, so that a
+  // failure on one rank throws on every rank at the same point instead of leaving the others
+  // waiting in the next collective: where it threw, its error; elsewhere `refused()`, then a
+  // runtime_error saying elsewhere().
+  template <class F, class Elsewhere, class Refused = nothing>
+  void on_every_rank(F&& f, Elsewhere&& elsewhere, Refused&& refused = {}) {
+    if (!distributed()) return f();
     std::exception_ptr mine;
     try {
-      local();
+      f();
     } catch (...) {
       mine = std::current_exception();
     }
-    const bool everyone = comm_.all_agree(!mine);
+    if (comm_.all_agree(!mine)) return;
     if (mine) std::rethrow_exception(mine);
-    if (!everyone) {
-      broken_ = std::string(call) + " failed on another rank";
-      throw std::runtime_error("zenflow: " + std::string(call) +
-                               " failed on another rank (which threw its error); the ranks are no longer in step: "
-                               "load a checkpoint on every rank to go on");
-    }
+    refused();
+    throw std::runtime_error(elsewhere());
   }
   // The bounds that involve lr, for the config and every parameter group (set_lr, and load for
   // the file's lr: group scales are not stored, so a file's lr may not fit this optimizer's).
@@ -1610,19 +1617,14 @@ class optimizer {
     if (gather_buf_.size() < bytes) {
       if (gather_buf_.size()) space_.fence();  // the device may still read the old one
       gather_buf_ = {};
-      std::exception_ptr failed;
-      try {
-        gather_buf_ = typename Space::template buffer<unsigned char>(bytes);
-      } catch (...) {
-        failed = std::current_exception();
-      }
-      if (distributed() && !comm_.all_agree(!failed)) {
-        gather_buf_ = {};  // (the sizes stay the same on every rank: the next growth is at one point)
-        if (failed) std::rethrow_exception(failed);
-        throw std::runtime_error("zenflow: another rank could not allocate " + std::to_string(bytes) +
-                                 " bytes for the ranks' gather space (it threw its error)");
-      }
-      if (failed) std::rethrow_exception(failed);
+      on_every_rank([&] { gather_buf_ = typename Space::template buffer<unsigned char>(bytes); },
+                    [&] {
+                      return "zenflow: another rank could not allocate " + std::to_string(bytes) +
+                             " bytes for the ranks' gather space (it threw its error)";
+                    },
+                    // (dropped where it was allocated too: the sizes stay the same on every rank,
+                    // and the next growth comes at one point)
+                    [&] { gather_buf_ = {}; });
     }
     return gather_buf_.data();
   }
@@ -1908,20 +1910,8 @@ class optimizer {
   // throws on every rank (each then stops: the step fails midway), rather than leave the others
   // in the collectives that publish it. (drain runs at the same point on every rank.)
   void drain() {
-    if (distributed()) {
-      std::exception_ptr failed;
-      try {
-        scheduler_.wait();
-      } catch (...) {
-        failed = std::current_exception();
-      }
-      if (!comm_.all_agree(!failed)) {
-        if (failed) std::rethrow_exception(failed);
-        throw std::runtime_error("zenflow: the host update failed on another rank (which threw its error)");
-      }
-    } else {
-      scheduler_.wait();
-    }
+    on_every_rank([&] { scheduler_.wait(); },
+                  [] { return std::string("zenflow: the host update failed on another rank (which threw its error)"); });
     if (!pending_) return;
     if (ahead_filled_) {
       apply_ahead();
