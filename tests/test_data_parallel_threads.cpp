@@ -305,7 +305,8 @@ TEST_CASE("data parallel, ranks as threads: a bad matrix id on one rank refuses 
       else
         CHECK(refused[std::size_t(r)][c] ==
               "zenflow: " + std::string(calls[c]) +
-                  " refused on every rank: another rank refused its arguments or has an error left on its thread by "
+                  " refused on every rank: another rank refused its arguments, could not allocate the call's host "
+                  "buffer or has an error left on its thread by "
                   "an earlier call, not zenflow's (it throws that error); nothing was changed");
     }
     CHECK(got[std::size_t(r)] == want);  // as if the refused calls never were

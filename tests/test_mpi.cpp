@@ -10,6 +10,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -41,8 +42,11 @@
 
 using namespace zenflow;
 
-// operator new for the whole program, so that one test can make one rank's allocations fail:
-// while fail_new_from is set on a thread, requests of at least that many bytes throw there.
+// operator new for the whole program, so that a test can make one rank's allocations fail:
+// while fail_new_from is set on a thread, requests of at least that many bytes throw there;
+// while fail_nth is positive, it counts the thread's requests down and the one that takes it to
+// 0 throws — those of zenflow (and the test), not those oneTBB makes for its own tasks (a
+// request from code in the oneTBB library).
 // (operator delete frees what this operator new took from malloc: the pair is replaced together,
 // which GCC cannot see)
 #if defined(__GNUC__) && !defined(__clang__)
@@ -50,9 +54,15 @@ using namespace zenflow;
 #endif
 namespace {
 thread_local std::size_t fail_new_from = 0;
+thread_local long fail_nth = 0;
+bool from_tbb(void* caller) {
+  Dl_info info{};
+  return dladdr(caller, &info) && info.dli_fname && std::strstr(info.dli_fname, "libtbb");
+}
 }  // namespace
 void* operator new(std::size_t n) {
   if (fail_new_from && n >= fail_new_from) throw std::bad_alloc();
+  if (fail_nth > 0 && !from_tbb(__builtin_return_address(0)) && --fail_nth == 0) throw std::bad_alloc();
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -1168,6 +1178,114 @@ struct failing_accumulator : simd_accumulator {
     simd_accumulator::allocate(double_buffer);
   }
 };
+
+TEST_CASE_TEMPLATE("data parallel: any allocation of a step failing on one rank throws on every rank, never hangs",
+                   Opt, dp_optimizer, staged_optimizer,
+                   optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy,
+                             bounded_async, mpi_allreduce_communicator>) {
+  // Each allocation the training thread makes in a step, failed in turn on the last rank: in the
+  // first step (the reduction's and the gather space's first growth), in a boundary step (the
+  // host update's first start) and in a selection step (new lists). A rank that throws alone
+  // would leave the others waiting in the step's next collective (this job would hang until
+  // ctest's timeout); instead every rank throws there, or — where the step's collectives were
+  // all behind it — the others finish the step and the next one refuses on every rank. No hang,
+  // and no rank going on alone. The sweep ends at the first count past the step's last
+  // allocation. (The three communicator paths: reduce-scatter, staged through the gather
+  // space, all-reduce.)
+  const gradient_source src;
+  const bool last = my_rank() == ranks() - 1;
+  long swept = 0;
+  for (const int at : {0, 1, 4}) {
+    CAPTURE(at);
+    for (long nth = 1;; ++nth) {
+      CAPTURE(nth);
+      model m;
+      Opt opt(test_config(true), std::remove_cvref_t<decltype(std::declval<Opt&>().communicator())>(MPI_COMM_WORLD));
+      m.add_to(opt);
+      opt.initialize();
+      for (int s = 0; s < at; ++s) {
+        src.local_grads(m, s);
+        opt.step();
+      }
+      src.local_grads(m, at);
+      fail_nth = last ? nth : 0;
+      const std::string what = thrown([&] { opt.step(); });
+      const bool past_the_end = fail_nth > 0;
+      fail_nth = 0;
+      const std::uint64_t threw = sum_over_ranks(!what.empty());
+      if (threw > 0) {
+        // The next step: the same outcome on every rank — it refuses everywhere after a failure
+        // midway (until a load, which other tests take), or steps everywhere after a refusal
+        // that changed nothing (the reduction's: it only rewrites the grad buffers); where the
+        // failure came after the step's last collective, the others finished that step, and the
+        // ranks, no longer in step, must all refuse.
+        src.local_grads(m, at + 1);
+        const bool again = !thrown([&] { opt.step(); }).empty();
+        CHECK(same_everywhere(again));
+        if (threw < std::uint64_t(ranks())) CHECK(again);
+      }
+      if (sum_over_ranks(past_the_end) > 0) break;
+      ++swept;
+    }
+  }
+  MESSAGE(swept, " allocations failed in turn on the last rank");
+  CHECK(swept > 0);
+}
+
+TEST_CASE("data parallel: a copy call's buffer that one rank cannot allocate: every rank refuses, then goes on") {
+  // column_counts() and copy_params_synchronized() (with a host update in flight) allocate a
+  // buffer for every rank's columns before gathering them; a rank that could not would throw
+  // alone and leave the others in the gather. The allocation is in the call's first vote: every
+  // rank refuses, nothing changed, and the same calls then succeed and give every rank the same.
+  // (ref: the same run without the refused calls)
+  const gradient_source src;
+  const int R = ranks();
+  const bool last = my_rank() == R - 1;
+  model m, m_ref;
+  dp_optimizer opt(test_config(true), mpi_communicator(MPI_COMM_WORLD)),
+      ref(test_config(true), mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  m_ref.add_to(ref);
+  opt.initialize();
+  ref.initialize();
+  auto run = [&](int from, int to) {
+    for (int s = from; s < to; ++s) {
+      src.local_grads(m, s);
+      opt.step();
+      src.local_grads(m_ref, s);
+      ref.step();
+    }
+  };
+  run(0, 3);  // (a host update is in flight after step 2's boundary)
+  // the buffers' sizes: matrix 0's counts (4 bytes a column), matrix 1's unselected columns'
+  // bf16 params (2 bytes an element)
+  const std::size_t counts_bytes = 4 * C0, params_bytes = (C1 - opt.selected_columns(matrix_id{1}).size()) * R1 * 2;
+  auto refused = [&](std::size_t bytes, auto&& call) {
+    fail_new_from = last ? bytes : 0;
+    const std::string what = thrown(call);
+    fail_new_from = 0;
+    CAPTURE(what);
+    if (last) CHECK(what == std::bad_alloc().what());
+    else CHECK(what.find("could not allocate the call's host buffer") != std::string::npos);
+  };
+  refused(counts_bytes, [&] { (void)opt.column_counts(matrix_id{0}); });
+  std::vector<unsigned char> params(2 * R1 * C1);
+  refused(params_bytes, [&] { opt.copy_params_synchronized(matrix_id{1}, params.data()); });
+  // the calls again: what the run without the refusals gives, the same on every rank
+  std::vector<unsigned char> params_ref(params.size());
+  const std::vector<std::uint32_t> counts = opt.column_counts(matrix_id{0});
+  CHECK(counts == ref.column_counts(matrix_id{0}));
+  opt.copy_params_synchronized(matrix_id{1}, params.data());
+  ref.copy_params_synchronized(matrix_id{1}, params_ref.data());
+  CHECK(params == params_ref);
+  CHECK(same_everywhere(fnv(std::vector<unsigned char>(reinterpret_cast<const unsigned char*>(counts.data()),
+                                                       reinterpret_cast<const unsigned char*>(counts.data() + counts.size())))));
+  CHECK(same_everywhere(fnv(params)));
+  run(3, 6);  // and the run goes on as if nothing had been refused
+  const std::vector<unsigned char> state = state_of(opt, m);
+  CHECK(state == state_of(ref, m_ref));
+  CHECK(same_everywhere(fnv(state)));
+}
 
 TEST_CASE("data parallel: ranks that registered different tensors or configs all refuse initialize(), in the same words") {
   // The last rank differs from the others in one thing at a time. Without the comparison a

@@ -341,9 +341,13 @@ class optimizer {
   std::vector<std::uint32_t> column_counts(matrix_id id) {
     const std::size_t matrix = id.index();
     enter();
-    enter_collective("column_counts()", [&] { quiesce(); }, [&] { check_matrix(matrix); });
+    std::vector<std::uint32_t> out;  // (no host state: every column is selected)
+    // (out is allocated in the first vote: a rank that cannot would not join the gather)
+    enter_collective("column_counts()", [&] { quiesce(); }, [&] {
+      check_matrix(matrix);
+      out.resize(matrices_[matrix].cols);
+    });
     const auto& hs = host_.matrix(matrix);
-    std::vector<std::uint32_t> out(matrices_[matrix].cols);  // (no host state: every column is selected)
     if (hs.on_host) {
       std::copy_n(hs.counts.data(), hs.cols, out.data() + col_begin(matrix, comm_.rank()));
       gather_blocks_host(matrix, out.data(), 4);
@@ -366,13 +370,20 @@ class optimizer {
   void copy_params_synchronized(matrix_id id, void* out) {
     const std::size_t i = id.index();
     enter();
+    // data parallel: every rank's unselected columns' params, gathered; allocated in the first
+    // vote (a rank that cannot would not join the gather)
+    std::vector<unsigned char> all;
     enter_collective(
         "copy_params_synchronized()",
         [&] {
           check_usable();
           quiesce();
         },
-        [&] { check_matrix(i); });
+        [&] {
+          check_matrix(i);
+          if (data_parallel && pending_)
+            all.resize(unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].param_type));
+        });
     const matrix_param& p = matrices_[i];
     const std::size_t es = size_of(p.param_type);
     space_.download(out, p.param, p.rows * p.cols * es);
@@ -389,7 +400,6 @@ class optimizer {
     };
     if constexpr (data_parallel) {
       const std::size_t cb = p.rows * es;
-      std::vector<unsigned char> all(un.size() * cb);
       host_.stage_params(i, host_unselected(i), host_unselected_count(i), all.data() + own_from_[i] * cb);
       gather_list_host(i, un.data(), un.size(), all.data(), cb);
       place(all.data(), 0, un.size());
@@ -729,6 +739,7 @@ class optimizer {
       total += counts_[r];
     }
     unsigned char* base = gather_space(total);
+    reserve_stats_tables(R);
     // rank r's block: per matrix, its columns' L1s, then sums of squares, then flags; this
     // rank's block out of the updater's arrays, then the others' in, each as one batched copy
     // (3 pieces a matrix and rank: thousands of copies a step for a large model and R)
@@ -756,6 +767,31 @@ class optimizer {
     shared_ += std::uint64_t(R - 1) * counts_[me];
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     return updater_.summarize();
+  }
+  // sharded_gradient_pass's copy lists and tables at their bounds, once, voted: how many pieces
+  // a rank has depends on its blocks (a rank with no columns of a matrix has none there), so
+  // growing them as needed could fail on one rank alone, which would then never join the
+  // all-gather; the bounds — 3 pieces a matrix for this rank's block out, and for each of the
+  // R - 1 others' in — are the same on every rank. (stats_tables_ready_ is too: it is set only
+  // where every rank succeeded.)
+  void reserve_stats_tables(std::size_t R) {
+    if (stats_tables_ready_) return;
+    const std::size_t out = 3 * matrices_.size(), in = out * (R - 1);
+    on_every_rank(
+        [&] {
+          for (auto [b, n] : {std::pair{&stats_out_, out}, std::pair{&stats_in_, in}}) {
+            b->pieces.reserve(n);
+            if constexpr (!std::is_base_of_v<host_space, Space>) {
+              b->last.reserve(n);  // (copy_batch's `last = pieces` then keeps its storage)
+              if (b->table.size() < n) b->table = typename Space::template buffer<copy_piece>(n);
+            }
+          }
+        },
+        [&] {
+          return std::string("zenflow: another rank could not allocate the lists of the column statistics' copies (it "
+                             "threw its error)");
+        });
+    stats_tables_ready_ = true;
   }
   // A batched copy between places of the space's device memory (copy_piece), with its table
   // kept in the space's memory: uploaded only when the pieces differ from the last batch's
@@ -1079,8 +1115,8 @@ class optimizer {
           },
           [&] {
             return "zenflow: " + std::string(call) + " refused on every rank: another rank " +
-                   (checks_arguments ? "refused its arguments or has an error left on its thread by an earlier call, "
-                                       "not zenflow's"
+                   (checks_arguments ? "refused its arguments, could not allocate the call's host buffer or has an "
+                                       "error left on its thread by an earlier call, not zenflow's"
                                      : "has an error left on its thread by an earlier call, not zenflow's") +
                    " (it throws that error); nothing was changed";
           });
@@ -1092,6 +1128,16 @@ class optimizer {
                  "checkpoint on every rank to go on";
         },
         [&] { broken_ = std::string(call) + " failed on another rank"; });
+  }
+  // A part of a step that could fail on this rank alone (its allocations) before the step's
+  // next collective: voted on, so that every rank throws there (and, the step having failed
+  // midway, refuses work until a load).
+  template <class F>
+  void step_part(F&& f) {
+    on_every_rank(f, [] {
+      return std::string("zenflow: step() failed on another rank (it threw its error); the ranks are no longer in "
+                         "step: load a checkpoint on every rank to go on");
+    });
   }
   // f() on this rank, then (data parallel) a vote on whether it threw on any rank, so that a
   // failure on one rank throws on every rank at the same point instead of leaving the others
@@ -1266,6 +1312,7 @@ class optimizer {
           std::size_t cols = 0;
           for (const matrix_param& p : matrices_) cols += p.cols;
           compact_slot_ = typename Space::template buffer<std::uint32_t>(cols);
+          slot_scratch_.reserve(cols);  // (write_slots' host copy: no allocation in a step)
           std::vector<compaction_target> targets(matrices_.size());
           for (std::size_t i = 0, at = 0; i < matrices_.size(); at += matrices_[i].cols, ++i)
             if (!resident(i)) targets[i] = {grad_compact_.data() + compact_offset_[i], compact_slot_.data() + at};
@@ -1279,6 +1326,18 @@ class optimizer {
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
       reduce_buf_ = typename Space::template buffer<float>(reduce_round_for(n, std::size_t(comm_.size())));
+      // the host-side lists a step fills, at their sizes now: a step's own allocations would
+      // fail on one rank alone, which would then miss the next collective (initialize()'s
+      // failures are voted on)
+      const std::size_t R = std::size_t(comm_.size());
+      votes_.resize(R);
+      vote_bytes_.resize(R);
+      counts_.reserve(R);
+      // (a round holds at most one piece of each tensor, and of each matrix at most one block of
+      // whole rows, or the parts of two rows when a row is longer than the round)
+      reduce_pieces_.reserve(matrices_.size() + vectors_.size());
+      scatter_items_.reserve(2 * matrices_.size());
+      scatter_counts_.reserve(R);
     }
     space_.fence();
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
@@ -2009,45 +2068,74 @@ class optimizer {
   // updater may select on the device (cuda_space's top-k for column_topk); otherwise the
   // Selector runs on the host over the scores.
   void select() {
-    std::vector<std::vector<std::uint32_t>> chosen(matrices_.size());
-    bool done = false;
-    if constexpr (device_topk_updater<GpuUpdater, Space>) {
-      if constexpr (std::is_same_v<Selector, column_topk>) {
-        updater_.select_topk(space_, cfg_.score, chosen);
-        done = true;
+    const std::size_t M = matrices_.size();
+    std::vector<std::vector<std::uint32_t>> chosen, slots;
+    std::vector<detail::swap_plan> plans;
+    auto swaps = [&](std::size_t i) { return updater_.matrix(i).k && !fixed_selection(i); };
+    auto plan = [&](std::size_t i, detail::swap_plan& p, std::vector<std::uint32_t>& sl) {
+      p = detail::plan_swap(selected_[i], chosen[i]);
+      sl.clear();
+      for (const auto* v : {&p.leave_slot, &p.stay_src, &p.stay_dst, &p.join_slot}) sl.insert(sl.end(), v->begin(), v->end());
+    };
+    // The choice, and with several ranks every matrix's swap plan — what this rank allocates —
+    // before the first collective (the swaps gather the joining columns from their owners),
+    // voted on; the swaps then fill lists whose capacity build() reserved. (One process plans a
+    // matrix at a time: a model of very many tensors holds one plan, not all of them, at once.)
+    step_part([&] {
+      chosen.resize(M);
+      bool done = false;
+      if constexpr (device_topk_updater<GpuUpdater, Space>) {
+        if constexpr (std::is_same_v<Selector, column_topk>) {
+          updater_.select_topk(space_, cfg_.score, chosen);
+          done = true;
+        }
+      }
+      if (!done) {
+        if constexpr (Selector::needs_scores) updater_.fetch_scores(space_, cfg_.score);
+        for (std::size_t i = 0; i < M; ++i) {
+          const std::size_t k = updater_.matrix(i).k;
+          if (k == 0 || fixed_selection(i)) continue;
+          chosen[i].resize(k);
+          Selector::select(Selector::needs_scores ? updater_.scores(i, cfg_.score) : nullptr, matrices_[i].cols, k,
+                           chosen[i].data());
+        }
+      }
+      if (distributed()) {
+        plans.resize(M);
+        slots.resize(M);
+        for (std::size_t i = 0; i < M; ++i)
+          if (swaps(i)) plan(i, plans[i], slots[i]);
+      }
+    });
+    detail::swap_plan one;
+    std::vector<std::uint32_t> one_slots;
+    for (std::size_t i = 0; i < M; ++i) {
+      if (!swaps(i)) continue;
+      if (distributed()) {
+        swap_columns(i, std::move(chosen[i]), plans[i], slots[i]);
+      } else {
+        plan(i, one, one_slots);
+        swap_columns(i, std::move(chosen[i]), one, one_slots);
       }
     }
-    if (!done) {
-      if constexpr (Selector::needs_scores) updater_.fetch_scores(space_, cfg_.score);
-      for (std::size_t i = 0; i < matrices_.size(); ++i) {
-        const std::size_t k = updater_.matrix(i).k;
-        if (k == 0 || fixed_selection(i)) continue;
-        chosen[i].resize(k);
-        Selector::select(Selector::needs_scores ? updater_.scores(i, cfg_.score) : nullptr, matrices_[i].cols, k,
-                         chosen[i].data());
-      }
-    }
-    for (std::size_t i = 0; i < matrices_.size(); ++i)
-      if (updater_.matrix(i).k && !fixed_selection(i)) swap_columns(i, chosen[i]);
     ++selections_;
   }
 
   // Columns that leave hand their fp32 master, moments and count to the host; columns that join
   // take theirs from the host; columns that stay move between the two device slot sets. Planned
-  // on the host, then carried out in bulk: device-side slot moves, and one transfer per chunk
-  // and array for each direction (12*rows + 4 bytes per column changing sides).
-  void swap_columns(std::size_t i, const std::vector<std::uint32_t>& next) {
+  // on the host (plan: detail::plan_swap of the current and the next list; slots: its leave,
+  // stay and join slot lists one after the other), then carried out in bulk: device-side slot
+  // moves, and one transfer per chunk and array for each direction (12*rows + 4 bytes per column
+  // changing sides).
+  void swap_columns(std::size_t i, std::vector<std::uint32_t>&& next, const detail::swap_plan& plan,
+                    const std::vector<std::uint32_t>& slots) {
     auto& d = updater_.matrix(i);
     auto& hs = host_.matrix(i);
     const std::size_t rows = matrices_[i].rows;
     // (a matrix with every column selected has one slot set: it is filled once, all joining)
     const int cur = d.cur, nxt = d.all_selected() ? cur : cur ^ 1;
-    const std::vector<std::uint32_t>& old = selected_[i];
-    const detail::swap_plan plan = detail::plan_swap(old, next);
     const auto& [leave_slot, leave_col, stay_src, stay_dst, join_slot, join_col] = plan;
-    std::vector<std::uint32_t> slots;
     const std::size_t nl = leave_slot.size(), ns = stay_src.size(), nj = join_slot.size();
-    for (const auto* v : {&leave_slot, &stay_src, &stay_dst, &join_slot}) slots.insert(slots.end(), v->begin(), v->end());
     if (!slots.empty()) space_.upload(slots_dev_.data(), slots.data(), 4 * slots.size());
     const std::uint32_t* leave_dev = slots_dev_.data();
     const std::uint32_t* src_dev = leave_dev + nl;
@@ -2135,7 +2223,7 @@ class optimizer {
     if (!next.empty()) space_.upload(d.columns[nxt].data(), next.data(), 4 * next.size());
     d.cur = nxt;
     d.active = next.size();
-    selected_[i] = next;
+    selected_[i] = std::move(next);
     set_unselected(i);
   }
 
@@ -2198,6 +2286,7 @@ class optimizer {
   std::vector<scatter_item> scatter_items_;
   std::vector<std::size_t> scatter_counts_;
   piece_batch stats_out_, stats_in_;  // sharded_gradient_pass's batched copies
+  bool stats_tables_ready_ = false;     // their lists and tables at their bounds (reserve_stats_tables)
   std::uint64_t shared_ = 0;
   // the communicator's bytes that are not this run's reductions: initialize()'s comparison of the
   // ranks, and, after a load, all it sent before (bytes_reduced continues from the file's, in shared_)

@@ -40,8 +40,11 @@ class simd_accumulator {
   // Elements (at most) of the bounded staging buffer through which offloaded gradients arrive.
   static constexpr std::size_t stage_elems = std::size_t(1) << 20;
 
+  // (the arena set up here, not at its first use: see host_space)
   explicit simd_accumulator(unsigned threads = 0)
-      : arena_(std::make_unique<tbb::task_arena>(threads ? int(threads) : tbb::task_arena::automatic)) {}
+      : arena_(std::make_unique<tbb::task_arena>(threads ? int(threads) : tbb::task_arena::automatic)) {
+    arena_->initialize();
+  }
 
   void reserve(std::size_t matrices) { matrices_.reserve(matrices); }
 

@@ -22,9 +22,14 @@ class host_space {
   template <class T>
   using buffer = host::host_array<T>;
 
-  // threads: size of the arena that runs device-side work (0 = all cores).
+  // threads: size of the arena that runs device-side work (0 = all cores). The arena is set up
+  // here, not at its first use in a step: oneTBB's set-up cannot fail safely (a failed
+  // allocation inside it leaves the arena, or oneTBB itself, spinning at every later use), so a
+  // failure there is the constructor's exception, before any training.
   explicit host_space(unsigned threads = 0)
-      : arena_(threads ? int(threads) : tbb::task_arena::automatic) {}
+      : arena_(threads ? int(threads) : tbb::task_arena::automatic) {
+    arena_.initialize();
+  }
 
   tbb::task_arena& arena() noexcept { return arena_; }
 
