@@ -1183,53 +1183,72 @@ TEST_CASE_TEMPLATE("data parallel: any allocation of a step failing on one rank 
                    Opt, dp_optimizer, staged_optimizer,
                    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy,
                              bounded_async, mpi_allreduce_communicator>) {
-  // Each allocation the training thread makes in a step, failed in turn on the last rank: in the
-  // first step (the reduction's and the gather space's first growth), in a boundary step (the
-  // host update's first start) and in a selection step (new lists). A rank that throws alone
-  // would leave the others waiting in the step's next collective (this job would hang until
-  // ctest's timeout); instead every rank throws there, or — where the step's collectives were
-  // all behind it — the others finish the step and the next one refuses on every rank. No hang,
-  // and no rank going on alone. The sweep ends at the first count past the step's last
-  // allocation. (The three communicator paths: reduce-scatter, staged through the gather
-  // space, all-reduce.)
+  // Each allocation (operator new) the training thread makes in a step, failed in turn on the
+  // last rank: in the first step (the reduction's first rounds; a selection), the next ones (a
+  // boundary: the host update's first start, the first overlapped offload) and a reselection.
+  // A rank that throws alone would leave the others waiting in the step's next collective (this
+  // job would hang until ctest's timeout); instead every rank throws there, or — where the step's
+  // collectives were all behind it — the others finish the step and the next one refuses on
+  // every rank. No hang, and no rank going on alone. The sweep ends at the first count past the
+  // step's last allocation. The three communicator paths (reduce-scatter, staged through the
+  // gather space, all-reduce), and with the reduce-scatter four update intervals: 2 with and
+  // without overlap, 1, and automatic. (Not failed here: the space's own buffers, which come
+  // from aligned_alloc — the gather space's growth is voted on, tested in
+  // test_data_parallel_threads — and oneTBB's allocations for its tasks, below any vote.)
   const gradient_source src;
-  const bool last = my_rank() == ranks() - 1;
-  long swept = 0;
-  for (const int at : {0, 1, 4}) {
-    CAPTURE(at);
-    for (long nth = 1;; ++nth) {
-      CAPTURE(nth);
-      model m;
-      Opt opt(test_config(true), std::remove_cvref_t<decltype(std::declval<Opt&>().communicator())>(MPI_COMM_WORLD));
-      m.add_to(opt);
-      opt.initialize();
-      for (int s = 0; s < at; ++s) {
-        src.local_grads(m, s);
-        opt.step();
-      }
-      src.local_grads(m, at);
-      fail_nth = last ? nth : 0;
-      const std::string what = thrown([&] { opt.step(); });
-      const bool past_the_end = fail_nth > 0;
-      fail_nth = 0;
-      const std::uint64_t threw = sum_over_ranks(!what.empty());
-      if (threw > 0) {
-        // The next step: the same outcome on every rank — it refuses everywhere after a failure
-        // midway (until a load, which other tests take), or steps everywhere after a refusal
-        // that changed nothing (the reduction's: it only rewrites the grad buffers); where the
-        // failure came after the step's last collective, the others finished that step, and the
-        // ranks, no longer in step, must all refuse.
-        src.local_grads(m, at + 1);
-        const bool again = !thrown([&] { opt.step(); }).empty();
-        CHECK(same_everywhere(again));
-        if (threw < std::uint64_t(ranks())) CHECK(again);
-      }
-      if (sum_over_ranks(past_the_end) > 0) break;
-      ++swept;
-    }
+  const int R = ranks();
+  const bool last = my_rank() == R - 1;
+  std::vector<std::pair<const char*, config>> configs = {{"U 2, overlap", test_config(true)}};
+  if constexpr (std::is_same_v<Opt, dp_optimizer>) {
+    configs.push_back({"U 2, no overlap", test_config(false)});
+    configs.push_back({"U 1", test_config(true)});
+    configs.back().second.update_interval = interval::every(1);
+    configs.push_back({"automatic U", test_config(true)});
+    configs.back().second.update_interval = interval::auto_();
   }
-  MESSAGE(swept, " allocations failed in turn on the last rank");
-  CHECK(swept > 0);
+  for (const auto& [name, cfg] : configs) {
+    const std::string config_name = name;
+    CAPTURE(config_name);
+    long swept = 0, everywhere = 0;
+    for (const int at : {0, 1, 2, 4}) {
+      CAPTURE(at);
+      for (long nth = 1;; ++nth) {
+        CAPTURE(nth);
+        model m;
+        Opt opt(cfg, std::remove_cvref_t<decltype(std::declval<Opt&>().communicator())>(MPI_COMM_WORLD));
+        m.add_to(opt);
+        opt.initialize();
+        for (int s = 0; s < at; ++s) {
+          src.local_grads(m, s);
+          opt.step();
+        }
+        src.local_grads(m, at);
+        fail_nth = last ? nth : 0;
+        const std::string what = thrown([&] { opt.step(); });
+        const bool past_the_end = fail_nth > 0;
+        fail_nth = 0;
+        const std::uint64_t threw = sum_over_ranks(!what.empty());
+        if (threw == std::uint64_t(R)) ++everywhere;
+        if (threw > 0) {
+          // The next step: the same outcome on every rank — it refuses everywhere after a
+          // failure midway (until a load, which other tests take), or steps everywhere after a
+          // refusal that changed nothing (the reduction's: it only rewrites the grad buffers);
+          // where the failure came after the step's last collective, the others finished that
+          // step, and the ranks, no longer in step, must all refuse.
+          src.local_grads(m, at + 1);
+          const bool again = !thrown([&] { opt.step(); }).empty();
+          CHECK(same_everywhere(again));
+          if (threw < std::uint64_t(R)) CHECK(again);
+        }
+        if (sum_over_ranks(past_the_end) > 0) break;
+        ++swept;
+      }
+    }
+    MESSAGE(std::string(name), ": ", swept, " allocations failed in turn on the last rank, ", everywhere,
+            " of them threw on every rank");
+    CHECK(swept > 0);
+    CHECK(everywhere > 0);  // (a failure before a collective, met by the vote: with several ranks, the point)
+  }
 }
 
 TEST_CASE("data parallel: a copy call's buffer that one rank cannot allocate: every rank refuses, then goes on") {

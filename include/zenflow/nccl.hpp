@@ -73,6 +73,21 @@ class nccl_communicator {
     if (!comm) throw std::invalid_argument("zenflow: nccl_communicator needs an ncclComm_t, got a null one");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check(ncclCommCount(comm_, &size_), "ncclCommCount");
+    // The vote's flag and the block offsets, made here, before any collective: in a call, a
+    // rank that could not make them would throw alone and leave the others in the collective
+    // (the vote itself needs the flag). On the communicator's device.
+    int dev = 0, was = 0;
+    check(ncclCommCuDevice(comm_, &dev), "ncclCommCuDevice");
+    ZF_CUDA_TRY(cudaGetDevice(&was));
+    if (dev != was) ZF_CUDA_TRY(cudaSetDevice(dev));
+    try {
+      flag_ = device_array<int>(1);
+      at_.reserve(std::size_t(size_) + 1);
+    } catch (...) {
+      if (dev != was) cudaSetDevice(was);
+      throw;
+    }
+    if (dev != was) ZF_CUDA_TRY(cudaSetDevice(was));
   }
   nccl_communicator(nccl_communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, nullptr)), stream_(o.stream_), rank_(o.rank_), size_(o.size_), sent_(o.sent_),
@@ -172,7 +187,6 @@ class nccl_communicator {
 
   // See communicator_policy. Waits for the stream.
   bool all_agree(bool ok) {
-    if (!flag_.size()) flag_ = device_array<int>(1);
     const int mine = ok ? 1 : 0;
     int all = 0;
     ZF_CUDA_TRY(cudaMemcpyAsync(flag_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
@@ -214,7 +228,6 @@ class nccl_communicator {
       pieces_ = {};
       std::exception_ptr failed;
       try {
-        if (!flag_.size()) flag_ = device_array<int>(1);  // (all_agree's, for this vote)
         pieces_ = device_array<float>(n);
       } catch (...) {
         failed = std::current_exception();

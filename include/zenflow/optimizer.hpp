@@ -739,7 +739,6 @@ class optimizer {
       total += counts_[r];
     }
     unsigned char* base = gather_space(total);
-    reserve_stats_tables(R);
     // rank r's block: per matrix, its columns' L1s, then sums of squares, then flags; this
     // rank's block out of the updater's arrays, then the others' in, each as one batched copy
     // (3 pieces a matrix and rank: thousands of copies a step for a large model and R)
@@ -768,30 +767,20 @@ class optimizer {
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     return updater_.summarize();
   }
-  // sharded_gradient_pass's copy lists and tables at their bounds, once, voted: how many pieces
-  // a rank has depends on its blocks (a rank with no columns of a matrix has none there), so
+  // sharded_gradient_pass's copy lists and tables at their bounds, by build(): how many pieces a
+  // rank has depends on its blocks (a rank with no columns of a matrix has none there), so
   // growing them as needed could fail on one rank alone, which would then never join the
   // all-gather; the bounds — 3 pieces a matrix for this rank's block out, and for each of the
-  // R - 1 others' in — are the same on every rank. (stats_tables_ready_ is too: it is set only
-  // where every rank succeeded.)
+  // R - 1 others' in — are the same on every rank.
   void reserve_stats_tables(std::size_t R) {
-    if (stats_tables_ready_) return;
     const std::size_t out = 3 * matrices_.size(), in = out * (R - 1);
-    on_every_rank(
-        [&] {
-          for (auto [b, n] : {std::pair{&stats_out_, out}, std::pair{&stats_in_, in}}) {
-            b->pieces.reserve(n);
-            if constexpr (!std::is_base_of_v<host_space, Space>) {
-              b->last.reserve(n);  // (copy_batch's `last = pieces` then keeps its storage)
-              if (b->table.size() < n) b->table = typename Space::template buffer<copy_piece>(n);
-            }
-          }
-        },
-        [&] {
-          return std::string("zenflow: another rank could not allocate the lists of the column statistics' copies (it "
-                             "threw its error)");
-        });
-    stats_tables_ready_ = true;
+    for (auto [b, n] : {std::pair{&stats_out_, out}, std::pair{&stats_in_, in}}) {
+      b->pieces.reserve(n);
+      if constexpr (!std::is_base_of_v<host_space, Space>) {
+        b->last.reserve(n);  // (copy_batch's `last = pieces` then keeps its storage)
+        if (b->table.size() < n) b->table = typename Space::template buffer<copy_piece>(n);
+      }
+    }
   }
   // A batched copy between places of the space's device memory (copy_piece), with its table
   // kept in the space's memory: uploaded only when the pieces differ from the last batch's
@@ -1338,7 +1327,21 @@ class optimizer {
       reduce_pieces_.reserve(matrices_.size() + vectors_.size());
       scatter_items_.reserve(2 * matrices_.size());
       scatter_counts_.reserve(R);
+      if constexpr (sharded_reduction) {
+        reserve_stats_tables(R);
+        // (an updater whose pass in parts keeps a launch table: built now, for this rank's blocks)
+        using range = std::pair<std::size_t, std::size_t>;
+        if constexpr (requires(const range* r) { updater_.prepare_parts(space_, r); }) {
+          std::vector<range> blocks(matrices_.size());
+          for (std::size_t i = 0; i < matrices_.size(); ++i)
+            blocks[i] = {col_begin(i, comm_.rank()), col_begin(i, comm_.rank() + 1)};
+          updater_.prepare_parts(space_, blocks.data());
+        }
+      }
     }
+    offload_blocks_.resize(matrices_.size());  // (the overlapped offload's per-matrix blocks)
+    auto_a_.assign(matrices_.size(), 0.0);     // (zen-auto's window sums)
+    auto_b_.assign(matrices_.size(), 0.0);
     space_.fence();
     base_to_host_ = transport_.bytes_to_host();  // the initial load is not a training step
     base_to_device_ = transport_.bytes_to_device();
@@ -1349,7 +1352,9 @@ class optimizer {
   // What build() made, undone (initialize() failed): the optimizer as registered.
   void unbuild() {
     if constexpr (requires { space_.forget_queued_work(); }) space_.forget_queued_work();
-    host_ = HostAccumulator(cfg_.host_threads);
+    // (called where initialize() failed, before the ranks' vote on it: it must not throw)
+    if constexpr (requires { host_.clear(); }) host_.clear();
+    else host_ = HostAccumulator(cfg_.host_threads);
     updater_ = GpuUpdater{};
     grad_compact_ = {};
     compact_slot_ = {};
@@ -1376,6 +1381,8 @@ class optimizer {
     if constexpr (data_parallel) {
       reduce_buf_ = {};
       gather_buf_ = {};
+      stats_out_ = {};
+      stats_in_ = {};
     }
   }
 
@@ -1539,38 +1546,47 @@ class optimizer {
     using ckpt_io = detail::optimizer_checkpoint<optimizer>;
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
     const std::uint64_t sent_before = comm_.bytes_sent();
+    // this rank's part, written where it may fail alone (allocations), voted on before the gather
+    std::vector<unsigned char> all;
+    std::size_t per = 0, csize = 0;
     ckpt::writer conf, tensors;
-    config mine = cfg_;
-    mine.host_threads = 0;  // a rank's own resources
-    ckpt_io::write_config(conf, mine);
-    for (const matrix_param& p : matrices_) {
-      tensors.put<std::uint64_t>(p.rows);
-      tensors.put<std::uint64_t>(p.cols);
-      for (dtype t : {p.param_type, p.grad_type}) tensors.put<std::uint8_t>(std::uint8_t(t));
-      tensors.put<std::uint8_t>(std::uint8_t(p.layout));
-      tensors.put(p.lr_scale);
-      tensors.put(p.weight_decay_scale);
-    }
-    for (const vector_param& p : vectors_) {
-      tensors.put<std::uint64_t>(p.n);
-      for (dtype t : {p.param_type, p.grad_type}) tensors.put<std::uint8_t>(std::uint8_t(t));
-      tensors.put(p.lr_scale);
-      tensors.put(p.weight_decay_scale);
-    }
-    const std::size_t csize = conf.data().size(), per = csize + 40;
-    std::vector<unsigned char> all(per * R);
-    {
-      unsigned char* at = all.data() + per * me;
-      std::memcpy(at, conf.data().data(), csize);
-      // (and how the communicator reduces: its largest round, and whether the matrices'
-      // gradients are reduce-scattered — a rank built with another communicator type would cut
-      // the reduction differently and meet the others' collectives with other sizes)
-      const std::uint64_t tail[5] = {matrices_.size(), vectors_.size(),
-                                     ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round(),
-                                     sharded_reduction ? 1u : 0u};
-      std::memcpy(at + csize, tail, sizeof tail);
-    }
-    counts_.assign(R, per);
+    on_every_rank([&] {
+      config mine = cfg_;
+      mine.host_threads = 0;  // a rank's own resources
+      ckpt_io::write_config(conf, mine);
+      for (const matrix_param& p : matrices_) {
+        tensors.put<std::uint64_t>(p.rows);
+        tensors.put<std::uint64_t>(p.cols);
+        for (dtype t : {p.param_type, p.grad_type}) tensors.put<std::uint8_t>(std::uint8_t(t));
+        tensors.put<std::uint8_t>(std::uint8_t(p.layout));
+        tensors.put(p.lr_scale);
+        tensors.put(p.weight_decay_scale);
+      }
+      for (const vector_param& p : vectors_) {
+        tensors.put<std::uint64_t>(p.n);
+        for (dtype t : {p.param_type, p.grad_type}) tensors.put<std::uint8_t>(std::uint8_t(t));
+        tensors.put(p.lr_scale);
+        tensors.put(p.weight_decay_scale);
+      }
+      csize = conf.data().size();
+      per = csize + 40;
+      all.resize(per * R);
+      {
+        unsigned char* at = all.data() + per * me;
+        std::memcpy(at, conf.data().data(), csize);
+        // (and how the communicator reduces: its largest round, and whether the matrices'
+        // gradients are reduce-scattered — a rank built with another communicator type would cut
+        // the reduction differently and meet the others' collectives with other sizes)
+        const std::uint64_t tail[5] = {matrices_.size(), vectors_.size(),
+                                       ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round(),
+                                       sharded_reduction ? 1u : 0u};
+        std::memcpy(at + csize, tail, sizeof tail);
+      }
+      counts_.assign(R, per);
+    }, [] {
+      return std::string("zenflow: initialize(): another rank could not write its part of the ranks' comparison (it "
+                         "threw its error); nothing was built on this rank either");
+    });
     all_gather_host(all.data(), counts_.data());
     auto rank_bytes = [&](std::size_t r) { return all.data() + per * r; };
     std::size_t odd = 0;  // the first rank unlike rank 0
@@ -1617,9 +1633,17 @@ class optimizer {
       // Same counts, so the registrations have the same size on every rank: gathered to name the
       // first tensor that differs.
       const std::size_t tsize = tensors.data().size();
-      std::vector<unsigned char> regs(tsize * R);
-      std::memcpy(regs.data() + tsize * me, tensors.data().data(), tsize);
-      counts_.assign(R, tsize);
+      std::vector<unsigned char> regs;
+      on_every_rank(
+          [&] {
+            regs.resize(tsize * R);
+            std::memcpy(regs.data() + tsize * me, tensors.data().data(), tsize);
+            counts_.assign(R, tsize);
+          },
+          [] {
+            return std::string("zenflow: initialize(): another rank could not allocate the ranks' registrations (it "
+                               "threw its error); nothing was built on this rank either");
+          });
       all_gather_host(regs.data(), counts_.data());
       const unsigned char* a = regs.data();
       const unsigned char* b = regs.data() + tsize * odd;
@@ -1953,7 +1977,8 @@ class optimizer {
       drain();  // the previous window's update lands now, before this one starts
       active_acc_ ^= 1;
     }
-    scheduler_.launch(job);
+    // (voted: the launch allocates, and a drain's vote may come next)
+    step_part([&] { scheduler_.launch(job); });
     pending_ = true;
     if (std::any_of(unselected_.begin(), unselected_.end(), [](const auto& un) { return !un.empty(); }))
       ++host_updates_;  // a pass that updates at least one column: device AdamW counts none
@@ -2286,7 +2311,6 @@ class optimizer {
   std::vector<scatter_item> scatter_items_;
   std::vector<std::size_t> scatter_counts_;
   piece_batch stats_out_, stats_in_;  // sharded_gradient_pass's batched copies
-  bool stats_tables_ready_ = false;     // their lists and tables at their bounds (reserve_stats_tables)
   std::uint64_t shared_ = 0;
   // the communicator's bytes that are not this run's reductions: initialize()'s comparison of the
   // ranks, and, after a load, all it sent before (bytes_reduced continues from the file's, in shared_)

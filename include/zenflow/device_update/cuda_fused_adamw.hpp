@@ -812,6 +812,13 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       parts_built_ = false;
     }
   }
+  // The ranges column_stats will name (ranges[i] for matrix i), and the launch table built for
+  // them now: data parallel, at initialize(), where a failure is every rank's, not in a step.
+  void prepare_parts(cuda_space& space, const std::pair<std::size_t, std::size_t>* ranges) {
+    stream_ = space.stream();
+    for (std::size_t i = 0; i < matrices_.size(); ++i) ranges_[i] = ranges[i];
+    build_parts();
+  }
   void vector_stats(cuda_space& space) {
     stream_ = space.stream();
     scores_valid_[0] = scores_valid_[1] = false;

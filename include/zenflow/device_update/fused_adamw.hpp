@@ -83,6 +83,7 @@ class fused_adamw : public updater_registry<detail::fused_matrix_state<Space>, d
     }
     pool_.commit();
     partials_ = std::vector<double>(ngroups);
+    masses_.resize(matrices_.size());  // (sized here: no allocation in a step)
   }
 
   // The vectors' fp32 masters start as their params (an fp32 param is its own master).

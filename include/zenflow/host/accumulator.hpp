@@ -47,6 +47,13 @@ class simd_accumulator {
   }
 
   void reserve(std::size_t matrices) { matrices_.reserve(matrices); }
+  // What add_matrix and the arrays made, dropped (the arena kept): for an optimizer whose
+  // initialize() failed, where making a new accumulator could fail in turn.
+  void clear() noexcept {
+    std::vector<matrix_state>().swap(matrices_);
+    pool_ = detail::array_pool<detail::host_family>{};
+    stage_ = host::host_array<unsigned char>{};
+  }
 
   // on_host = false for a matrix none of whose columns is ever updated on the host.
   std::size_t add_matrix(std::size_t rows, std::size_t cols, dtype param_type, bool on_host = true) {

@@ -30,6 +30,10 @@ class host_space {
       : arena_(threads ? int(threads) : tbb::task_arena::automatic) {
     arena_.initialize();
   }
+  // (a copy, or a moved-to space, gets an arena of the same size, set up here too: oneTBB's copy
+  // of an arena is not set up)
+  host_space(const host_space& o) : arena_(o.arena_) { arena_.initialize(); }
+  host_space(host_space&& o) : host_space(static_cast<const host_space&>(o)) {}
 
   tbb::task_arena& arena() noexcept { return arena_; }
 
