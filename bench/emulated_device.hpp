@@ -32,6 +32,9 @@ using clock_type = std::chrono::steady_clock;
 struct device_model {
   static inline double memory_gbps = 2000.0;  // device memory bandwidth for device-side passes
   static inline double link_gbps = 25.0;      // effective host<->device bandwidth per direction
+  // Per direction (to host, to device) where a bench measured them (bench/pipeline_cuda's twin);
+  // 0: link_gbps.
+  static inline double link_gbps_dir[2] = {0.0, 0.0};
   static inline double link_latency_us = 10.0;  // per copy (a DMA's set-up and completion)
   static inline double launch_us = 5.0;         // per device-side launch (kernel launch and scheduling)
   // Seconds the emulated device spent on device-side work (not counting forward/backward).
@@ -186,7 +189,8 @@ class emulated_link {
   // latency + bytes / bandwidth; the caller returns when it ends.
   void occupy(int d, clock_type::time_point start, double bytes) {
     if (bytes <= 0) return;
-    const double s = device_model::link_latency_us * 1e-6 + bytes / (device_model::link_gbps * 1e9);
+    const double gbps = device_model::link_gbps_dir[d] > 0 ? device_model::link_gbps_dir[d] : device_model::link_gbps;
+    const double s = device_model::link_latency_us * 1e-6 + bytes / (gbps * 1e9);
     device_model::link_ns[d] += std::uint64_t(s * 1e9);
     clock_type::time_point end;
     {
@@ -202,5 +206,12 @@ class emulated_link {
   std::mutex mu_;
   clock_type::time_point free_at_[2]{};
 };
+
+// ZenFlow (column top-k, background host updates, overlap) and ZeRO-Offload (no selection, host
+// updates in the step) on the emulated device.
+using emulated_zenflow = zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater,
+                                            zenflow::simd_accumulator, emulated_link, zenflow::bounded_async>;
+using emulated_zero_offload = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
+                                                 zenflow::simd_accumulator, emulated_link, zenflow::synchronous>;
 
 }  // namespace zf_bench

@@ -38,15 +38,6 @@ using namespace zf_bench;
 using zenflow::bfloat16;
 using zenflow::dtype;
 
-namespace {
-
-using zenflow_opt = zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater,
-                                       zenflow::simd_accumulator, emulated_link, zenflow::bounded_async>;
-using zero_offload_opt = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
-                                            zenflow::simd_accumulator, emulated_link, zenflow::synchronous>;
-
-}  // namespace
-
 int main(int argc, char** argv) {
   // 1 us timer slack (inherited by the scheduler's threads): sleeps of the device and link
   // emulation end within microseconds of their deadline.
@@ -73,7 +64,7 @@ int main(int argc, char** argv) {
   // paper's regime is a forward/backward shorter than that; compute times are given as
   // fractions of it.
   device_model::link_gbps = 25.0;
-  const result calib = run<zero_offload_opt>(shape, zero_offload_config(0), 0.0, 2, 4, false);
+  const result calib = run<emulated_zero_offload>(shape, zero_offload_config(0), 0.0, 2, 4, false);
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
 
@@ -86,9 +77,9 @@ int main(int argc, char** argv) {
     device_model::link_gbps = p.gbps;
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.gbps, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zero_offload_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false);
+    if (!zo_cache.count(key)) zo_cache[key] = run<emulated_zero_offload>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false);
     const result& zo = zo_cache[key];
-    const result zf = run<zenflow_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead);
+    const result zf = run<emulated_zenflow>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead);
     print_line(out, "emulated (host space; sleep for compute, link model)", p, shape, compute, p.gbps,
                device_model::link_latency_us, cores, zf, zo);
   }

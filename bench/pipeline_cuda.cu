@@ -8,13 +8,22 @@
 // GPU spends on anything but the trainer's work: waiting for the host, and the optimizer's own
 // kernels and copies (charged to both optimizers alike).
 //
+// The emulated twin: for the first T points (--twins, default 3: the base point and the two
+// with uploads ahead), bench/pipeline's emulated device — its link, latency, device memory
+// bandwidth and launch cost measured on this GPU first (the "calibration" line) — runs the same
+// point at the same compute seconds on the same host, and an "agreement" line puts the two side
+// by side (emulated / real), so one run says where the emulation's model is wrong.
+//
 //   pipeline_cuda [--layers N] [--hidden D] [--ffn F] [--steps M] [--quick] [--out FILE]
 //                 [--sweeps NAME,...]   (only those sweeps' points, as in bench/pipeline)
+//                 [--twins T]           (the emulated twin of the first T points; 0: none)
 #include <cuda_runtime.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -22,6 +31,7 @@
 #include <zenflow/cuda.hpp>
 
 #include "pipeline_common.hpp"
+#include "pipeline_twin.hpp"
 
 using namespace zf_bench;
 using clock_type = std::chrono::steady_clock;
@@ -118,15 +128,118 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   return r;
 }
 
+// The emulated device's parameters, measured here (median of each; CUDA events for the GPU's
+// own times, the host's clock for the latency a caller waits).
+link_calibration measure_link(cudaStream_t s) {
+  const std::size_t big = std::size_t(256) << 20, small = 4096;
+  void *host = nullptr, *dev = nullptr, *dev2 = nullptr;
+  struct release {
+    void **h, **d, **d2;
+    ~release() {
+      if (*h) cudaFreeHost(*h);
+      if (*d) cudaFree(*d);
+      if (*d2) cudaFree(*d2);
+    }
+  } guard{&host, &dev, &dev2};
+  ZF_CUDA_TRY(cudaHostAlloc(&host, big, cudaHostAllocDefault));
+  ZF_CUDA_TRY(cudaMalloc(&dev, big));
+  ZF_CUDA_TRY(cudaMalloc(&dev2, big));
+  std::memset(host, 1, big);
+  ZF_CUDA_TRY(cudaMemset(dev, 2, big));
+  cudaEvent_t a, b;
+  ZF_CUDA_TRY(cudaEventCreate(&a));
+  ZF_CUDA_TRY(cudaEventCreate(&b));
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto gpu_seconds = [&](auto&& enqueue, int reps) {  // the median of reps timed enqueues
+    std::vector<double> t;
+    enqueue();  // warm
+    for (int r = 0; r < reps; ++r) {
+      ZF_CUDA_TRY(cudaEventRecord(a, s));
+      enqueue();
+      ZF_CUDA_TRY(cudaEventRecord(b, s));
+      ZF_CUDA_TRY(cudaEventSynchronize(b));
+      float ms = 0;
+      ZF_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms * 1e-3);
+    }
+    return median(t);
+  };
+  link_calibration c;
+  c.to_device_gbps = double(big) / gpu_seconds([&] { ZF_CUDA_TRY(cudaMemcpyAsync(dev, host, big, cudaMemcpyHostToDevice, s)); }, 9) / 1e9;
+  c.to_host_gbps = double(big) / gpu_seconds([&] { ZF_CUDA_TRY(cudaMemcpyAsync(host, dev, big, cudaMemcpyDeviceToHost, s)); }, 9) / 1e9;
+  c.memory_gbps = 2.0 * double(big) / gpu_seconds([&] { ZF_CUDA_TRY(cudaMemcpyAsync(dev2, dev, big, cudaMemcpyDeviceToDevice, s)); }, 9) / 1e9;
+  constexpr int launches = 1000;
+  c.launch_us = gpu_seconds([&] { for (int i = 0; i < launches; ++i) spin_ns<<<1, 1, 0, s>>>(0); }, 5) / launches * 1e6;
+  std::vector<double> waits;
+  for (int r = 0; r < 201; ++r) {
+    const int d = r % 2;  // both directions, alternately
+    const auto t0 = clock_type::now();
+    ZF_CUDA_TRY(cudaMemcpyAsync(d ? dev : host, d ? host : dev, small, d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
+    ZF_CUDA_TRY(cudaStreamSynchronize(s));
+    waits.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  const double gbps = 0.5 * (c.to_host_gbps + c.to_device_gbps);
+  c.latency_us = std::max(0.0, median(waits) - double(small) / (gbps * 1e9)) * 1e6;
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return c;
+}
+
+void print_calibration(FILE* out, const char* device, const link_calibration& c) {
+  std::fprintf(out,
+               "{\"bench\":\"pipeline_calibration\",\"device\":\"%s\",\"cpu\":\"%s\",\"to_host_gbps\":%.2f,"
+               "\"to_device_gbps\":%.2f,\"latency_us\":%.2f,\"memory_gbps\":%.1f,\"launch_us\":%.3f}\n",
+               device, cpu_model().c_str(), c.to_host_gbps, c.to_device_gbps, c.latency_us, c.memory_gbps, c.launch_us);
+  std::fflush(out);
+}
+
+// The real run and its emulated twin at one point. The GPU's time on anything but the trainer's
+// work is defined alike for both: the real step less compute and the gradient fill, the emulated
+// step less compute (its optimizer's device work is modelled time inside the step, as the real
+// one's kernels are). A ratio is emulated / real; the emulation agrees where the two optimizers'
+// steps and the speedup are within 15% (the goal of bench/README.md).
+void print_agreement(FILE* out, const point& p, double compute, const result& zf, const result& zo, const result& ezf,
+                     const result& ezo) {
+  const double busy_zf = zf.step_s - compute - zf.device_work_s, busy_zo = zo.step_s - compute - zo.device_work_s;
+  const double ebusy_zf = ezf.step_s - compute, ebusy_zo = ezo.step_s - compute;
+  const double speedup = zo.step_s / zf.step_s, espeedup = ezo.step_s / ezf.step_s;
+  auto ratio = [](double e, double r) { return r > 0 ? e / r : 0.0; };
+  const double q[3] = {ratio(ezf.step_s, zf.step_s), ratio(ezo.step_s, zo.step_s), ratio(espeedup, speedup)};
+  bool agree = true;
+  for (double x : q) agree = agree && x >= 0.85 && x <= 1.15;
+  std::fprintf(out,
+               "{\"bench\":\"pipeline_agreement\",\"sweep\":\"%s\",\"topk_ratio\":%g,\"update_interval\":%u,"
+               "\"compute_s\":%.5f,\"host_threads\":%u,\"upload_ahead\":%s,"
+               "\"real\":{\"zf_step_s\":%.5f,\"zo_step_s\":%.5f,\"zf_not_trainer_s\":%.5f,\"zo_not_trainer_s\":%.5f,"
+               "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f},"
+               "\"emulated\":{\"zf_step_s\":%.5f,\"zo_step_s\":%.5f,\"zf_not_trainer_s\":%.5f,\"zo_not_trainer_s\":%.5f,"
+               "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f},"
+               "\"emulated_over_real\":{\"zf_step\":%.3f,\"zo_step\":%.3f,\"speedup\":%.3f,\"zf_not_trainer\":%.3f,"
+               "\"zo_not_trainer\":%.3f,\"zf_host_update\":%.3f,\"zo_host_update\":%.3f},\"within_15_percent\":%s}\n",
+               p.sweep, p.r, p.U, compute, p.threads, p.upload_ahead ? "true" : "false", zf.step_s, zo.step_s, busy_zf,
+               busy_zo, zf.host_update_s, zo.host_update_s, speedup, ezf.step_s, ezo.step_s, ebusy_zf, ebusy_zo,
+               ezf.host_update_s, ezo.host_update_s, espeedup, q[0], q[1], q[2], ratio(ebusy_zf, busy_zf),
+               ratio(ebusy_zo, busy_zo), ratio(ezf.host_update_s, zf.host_update_s),
+               ratio(ezo.host_update_s, zo.host_update_s), agree ? "true" : "false");
+  std::fflush(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // 1 us timer slack, inherited by every thread started later (oneTBB's, the scheduler's): the
+  // emulated twin's sleeps end within microseconds of their deadlines, as in bench/pipeline.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   const bool quick = flag(argc, argv, "--quick");
   const std::size_t layers = std::stoul(arg(argc, argv, "--layers", quick ? "1" : "4"));
   const std::size_t hidden = std::stoul(arg(argc, argv, "--hidden", quick ? "512" : "2048"));
   const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", quick ? "1376" : "5504"));
   const int steps = std::stoi(arg(argc, argv, "--steps", quick ? "8" : "64"));
   const std::string out_path = arg(argc, argv, "--out", "");
+  const int twins = std::stoi(arg(argc, argv, "--twins", "3"));
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "pipeline_cuda: cannot open %s\n", out_path.c_str());
@@ -142,6 +255,8 @@ int main(int argc, char** argv) try {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string device = std::string("cuda: ") + prop.name;
   std::fprintf(stderr, "model: %.1fM params (bf16); %s; %u host cores\n", double(shape.params) / 1e6, prop.name, cores);
+  const link_calibration cal = measure_link(s);
+  print_calibration(out, device.c_str(), cal);
   using zf_opt = zenflow::optimizer<zenflow::cuda_space>;
   using zo_opt = zenflow::zero_offload<zenflow::cuda_space>;
   const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, false, s);
@@ -151,12 +266,21 @@ int main(int argc, char** argv) try {
   if (quick) points.resize(2);
   keep_sweeps(points, arg(argc, argv, "--sweeps", ""));
   std::map<std::tuple<double, unsigned>, result> zo_cache;
-  for (const point& p : points) {
+  const std::string twin_device = "emulated twin of " + device + " (link, latency, memory, launch as calibrated)";
+  const int zo_steps = quick ? 3 : 16;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const point& p = points[i];
     const double compute = p.compute_frac * t_host;
     const auto key = std::make_tuple(p.compute_frac, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false, s);
+    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, zo_steps, false, s);
     const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead, s);
     print_line(out, device.c_str(), p, shape, compute, 0.0, 0.0, cores, zf, zo_cache[key]);
+    if (int(i) < twins) {
+      const auto [ezf, ezo] = emulated_twin(shape, p, compute, steps, zo_steps, cal);
+      print_line(out, twin_device.c_str(), p, shape, compute, 0.5 * (cal.to_host_gbps + cal.to_device_gbps),
+                 cal.latency_us, cores, ezf, ezo);
+      print_agreement(out, p, compute, zf, zo_cache[key], ezf, ezo);
+    }
   }
   ZF_CUDA_TRY(cudaStreamDestroy(s));
   if (out != stdout) std::fclose(out);

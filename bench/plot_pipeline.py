@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Draws bench/pipeline's JSON lines as one SVG: speedup (top row) and stall_reduction (bottom
-row) against each swept variable (the base point belongs to every sweep). No dependencies.
+"""Draws bench/pipeline's (or bench/pipeline_cuda's) JSON lines as one SVG: speedup (top row) and
+stall_reduction (bottom row) against each swept variable (the base point belongs to every sweep).
+Only the measured runs' lines are drawn: pipeline_cuda's calibration, emulated twins and
+agreement lines are left out. No dependencies.
 
     python3 bench/plot_pipeline.py results.jsonl out.svg
 """
@@ -55,11 +57,14 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+    lines = [d for d in lines if d.get("bench") == "pipeline" and not d["device"].startswith("emulated twin")]
     if not lines:
-        sys.exit("no JSON lines in " + sys.argv[1])
+        sys.exit("no bench/pipeline JSON lines in " + sys.argv[1])
     first = lines[0]
-    title = (f"zenflow vs ZeRO-Offload, {first['params'] / 1e6:.0f}M params bf16, emulated device "
-             f"(base: topk 0.1, U 4, compute 0.5x host update, 25 GB/s)")
+    emulated = first["device"].startswith("emulated")
+    where = (f"emulated device (base: topk 0.1, U 4, compute 0.5x host update, 25 GB/s)" if emulated else
+             f"{first['device']} (base: topk 0.1, U 4, compute 0.5x host update)")
+    title = f"zenflow vs ZeRO-Offload, {first['params'] / 1e6:.0f}M params bf16, {where}"
     body = [f'<text x="10" y="16" font-size="12" font-weight="bold">{title}</text>']
     for c, (sweep, key, label) in enumerate(SWEEPS):
         pts = series(lines, sweep, key)
