@@ -42,10 +42,10 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   const auto dev0 = device_model::device_ns.load();
   const std::uint64_t l0[2] = {device_model::link_ns[0].load(), device_model::link_ns[1].load()};
   const auto t0 = clock_type::now();
-  for (int s = 0; s < steps; ++s) one();
+  result r;
+  time_steps(steps, one, [&] { return opt.stats().selections; }, r);
   const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
   const auto st = opt.stats();
-  result r;
   r.step_s = wall / steps;
   r.device_work_s = double(device_model::device_ns.load() - dev0) * 1e-9 / steps;
   r.stall_s = std::max(0.0, r.step_s - compute_s - r.device_work_s);
