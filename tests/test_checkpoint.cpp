@@ -5,16 +5,24 @@
 
 #include <algorithm>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <tuple>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <limits>
 #include <string>
 #include <vector>
+
+#if defined(__unix__)
+#  include <fcntl.h>
+#  include <sys/file.h>
+#  include <unistd.h>
+#endif
 
 #include <zenflow/zenflow.hpp>
 
@@ -615,3 +623,70 @@ TEST_CASE("checkpoint: a file changed between the two passes of a load is refuse
   }
   std::remove(path.c_str());
 }
+
+#if defined(__unix__)
+TEST_CASE("checkpoint: a save removes the temporary files that killed saves of its path left, and nothing else") {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_path("stale-temporaries");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = dir + "/run.zfckpt";
+  const auto old_time = fs::file_time_type::clock::now() - std::chrono::minutes(5);
+  auto make = [&](const std::string& name, bool old) {
+    std::ofstream(dir + "/" + name) << "partial";
+    if (old) fs::last_write_time(dir + "/" + name, old_time);
+    return dir + "/" + name;
+  };
+  // What the clean-up must take: killed saves' temporaries (their writers gone, so no lock is
+  // held on them), untouched for longer than a minute.
+  const std::vector<std::string> stale = {make("run.zfckpt.tmp.4242.0", true), make("run.zfckpt.tmp.1.17", true)};
+  // What it must leave: a temporary written to within the minute (a writer that may still be
+  // between creating and locking it), one whose writer holds its lock (another process's save in
+  // flight: a lock of another open file description conflicts the same way), one this process is
+  // writing (registered), names that only look alike, another path's temporary, a directory and a
+  // symlink of the pattern (and the symlink's target).
+  const std::string fresh = make("run.zfckpt.tmp.4243.0", false);
+  const std::string locked = make("run.zfckpt.tmp.4244.0", true);
+  const std::string mine = make("run.zfckpt.tmp.4245.0", true);
+  const std::vector<std::string> unlike = {make("run.zfckpt.tmp.4246", true), make("run.zfckpt.tmp.4246.0.bak", true),
+                                           make("run.zfckpt.tmp.x.0", true), make("run.zfckpt.tmpx.1.2", true),
+                                           make("other.zfckpt.tmp.1.2", true), make("run.zfckpt.tmp..0", true)};
+  fs::create_directory(dir + "/run.zfckpt.tmp.7.7");
+  const std::string target = make("target", true);
+  fs::create_symlink(target, dir + "/run.zfckpt.tmp.8.8");
+  const int held = ::open(locked.c_str(), O_RDWR);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);
+  ckpt::live_temporaries::add(mine);
+
+  std::vector<float> w(12, 0.5f), g(12, 0.01f);
+  optimizer<> opt{config{}};
+  opt.add_matrix({w.data(), g.data(), 3, 4});
+  opt.initialize();
+  opt.step();
+  opt.save(path);
+
+  for (const auto& f : stale) CHECK_MESSAGE(!fs::exists(f), f);
+  for (const auto& f : unlike) CHECK_MESSAGE(fs::exists(f), f);
+  CHECK(fs::exists(fresh));
+  CHECK(fs::exists(locked));
+  CHECK(fs::exists(mine));
+  CHECK(fs::is_directory(dir + "/run.zfckpt.tmp.7.7"));
+  CHECK(fs::is_symlink(dir + "/run.zfckpt.tmp.8.8"));
+  CHECK(fs::exists(target));
+  // the save itself is whole, and no temporary of its own is left
+  optimizer<> back{config{}};
+  back.add_matrix({w.data(), g.data(), 3, 4});
+  back.initialize();
+  CHECK_NOTHROW(back.load(path));
+  CHECK(back.applied_steps() == 1);
+  // once its writer is gone (the lock released) and the registration too, the next save takes them
+  ::close(held);
+  ckpt::live_temporaries::remove(mine);
+  opt.save(path);
+  CHECK_FALSE(fs::exists(locked));
+  CHECK_FALSE(fs::exists(mine));
+  CHECK(fs::exists(fresh));  // still within its minute
+  fs::remove_all(dir);
+}
+#endif

@@ -18,7 +18,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -26,6 +30,7 @@
 
 #if defined(__unix__) || defined(__APPLE__)
 #  include <fcntl.h>
+#  include <sys/file.h>
 #  include <sys/stat.h>
 #  include <unistd.h>
 #endif
@@ -176,15 +181,99 @@ inline std::string temporary_name(const std::string& path) {
   return path + ".tmp." + std::to_string(pid) + "." + std::to_string(counter.fetch_add(1));
 }
 
+// The temporary files this process is writing now (file_writer registers each), which a clean-up
+// never touches, whatever the file system's locks do.
+struct live_temporaries {
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::string>& names() {
+    static std::set<std::string> s;
+    return s;
+  }
+  static void add(const std::string& n) {
+    std::lock_guard lock(mutex());
+    names().insert(n);
+  }
+  static void remove(const std::string& n) noexcept {
+    std::lock_guard lock(mutex());
+    names().erase(n);
+  }
+  static bool contains(const std::string& n) {
+    std::lock_guard lock(mutex());
+    return names().count(n) != 0;
+  }
+};
+
+// A temporary file nothing has written to for this long, and whose writer is gone, is stale.
+inline constexpr std::time_t stale_temporary_seconds = 60;
+
+// Removes the temporary files of path (path.tmp.<digits>.<digits>, exactly) that a save killed
+// while writing them left behind: a file goes when it is not one this process is writing, nothing
+// has written to it for stale_temporary_seconds, and an exclusive lock on it can be taken (a
+// writer holds one from creation until it closes the file; the lock dies with its process). On a
+// file system without locks the lock fails and nothing is removed. Never throws: the save it
+// follows has succeeded.
+inline void remove_stale_temporaries(const std::string& path) noexcept {
+#if defined(__unix__) || defined(__APPLE__)
+  try {
+    const std::size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+    const std::string prefix = path.substr(dir.size()) + ".tmp.";
+    auto digits = [](const std::string& s, std::size_t& k) {
+      const std::size_t k0 = k;
+      while (k < s.size() && s[k] >= '0' && s[k] <= '9' && k - k0 < 20) ++k;
+      return k > k0;
+    };
+    std::error_code ec;
+    std::vector<std::string> stale;
+    for (std::filesystem::directory_iterator it(dir.empty() ? std::string(".") : dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+      std::size_t k = prefix.size();
+      if (!digits(name, k) || k >= name.size() || name[k] != '.') continue;
+      ++k;
+      if (!digits(name, k) || k != name.size()) continue;
+      stale.push_back(dir + name);
+    }
+    const std::time_t now = std::time(nullptr);
+    for (const std::string& f : stale) {
+      if (live_temporaries::contains(f)) continue;
+      const int fd = ::open(f.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+      if (fd < 0) continue;
+      struct stat st {};
+      if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime >= stale_temporary_seconds &&
+          ::flock(fd, LOCK_EX | LOCK_NB) == 0)
+        ::unlink(f.c_str());
+      ::close(fd);
+    }
+  } catch (...) {
+  }
+#else
+  (void)path;
+#endif
+}
+
 // Writes a checkpoint file section by section, atomically: to a temporary file that commit()
 // flushes, syncs and renames over path; destroyed without commit() (an exception on the way),
-// the temporary file is removed and path is untouched. Each section announces its length, takes
+// the temporary file is removed and path is untouched. The writer holds an exclusive lock on its
+// temporary file while it writes (where the file system has locks), and commit() removes the
+// stale temporary files of path (remove_stale_temporaries). Each section announces its length, takes
 // exactly that many payload bytes in any number of pieces, and gets its CRC on end().
 class file_writer : public typed_writes<file_writer> {
  public:
   file_writer(const std::string& path, std::uint32_t sections) : path_(path), tmp_(temporary_name(path)) {
+    live_temporaries::add(tmp_);
     f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) throw std::runtime_error("zenflow: cannot create " + tmp_);
+    if (!f_) {
+      live_temporaries::remove(tmp_);
+      throw std::runtime_error("zenflow: cannot create " + tmp_);
+    }
+#if defined(__unix__) || defined(__APPLE__)
+    ::flock(fileno(f_), LOCK_EX | LOCK_NB);  // (where locks fail, the clean-up cannot take one either)
+#endif
     const std::uint32_t head[4] = {version, byte_order, sections, 0};
     raw(magic, 8);
     raw(head, 16);
@@ -196,6 +285,7 @@ class file_writer : public typed_writes<file_writer> {
       std::fclose(f_);
       std::remove(tmp_.c_str());
     }
+    live_temporaries::remove(tmp_);
   }
 
   void begin(std::uint32_t t, std::uint64_t len) {
@@ -251,6 +341,8 @@ class file_writer : public typed_writes<file_writer> {
       ::close(d);
     }
 #endif
+    live_temporaries::remove(tmp_);
+    remove_stale_temporaries(path_);
   }
 
  private:
