@@ -624,6 +624,109 @@ TEST_CASE("checkpoint: a file changed between the two passes of a load is refuse
   std::remove(path.c_str());
 }
 
+TEST_CASE("checkpoint: a file rewritten between the passes with another valid checkpoint of the same shape is refused") {
+  // `cp older.zfckpt latest.zfckpt` landing while a load of latest is between its passes: every
+  // section of the new bytes has a right checksum, so only the comparison with the first pass's
+  // checksums can tell that the state being committed is not the one that was checked (and whose
+  // counters the load takes). The load fails and the optimizer refuses work until a load succeeds.
+  const std::string path = temp_path("rewritten.zfckpt"), other = temp_path("rewritten-other.zfckpt");
+  const std::size_t R = 6, C = 9, V = 5;
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.overlap_step = false;
+  std::vector<float> w(R * C, 0.5f), g(R * C), b(V, -0.25f), gb(V);
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), R, C});
+  a.add_vector({b.data(), gb.data(), V});
+  a.initialize();
+  auto step = [&](int t) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float((i * 7 + std::size_t(t)) % 11) - 0.05f;
+    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = 0.02f * float(i) - 0.03f * float(t % 3);
+    a.step();
+  };
+  for (int t = 0; t < 3; ++t) step(t);
+  a.save(path);
+  for (int t = 3; t < 6; ++t) step(t);
+  a.save(other);
+  std::vector<unsigned char> img = file_bytes(path);
+  const std::vector<unsigned char> later = file_bytes(other);
+  REQUIRE(later.size() == img.size());  // the same shape: only the contents differ
+  REQUIRE(later != img);
+  std::vector<float> w2(R * C, 0.5f), g2(R * C), b2(V, -0.25f), gb2(V);
+  optimizer<> o(cfg);
+  o.add_matrix({w2.data(), g2.data(), R, C});
+  o.add_vector({b2.data(), gb2.data(), V});
+  o.initialize();
+  ckpt::input in(img.data(), img.size(), "rewritten");
+  in.on_rewind([&] { std::memcpy(img.data(), later.data(), img.size()); });
+  CHECK_THROWS_WITH_AS(detail::optimizer_checkpoint<optimizer<>>::load(o, in),
+                       doctest::Contains("changed while it was being loaded"), checkpoint_error);
+  CHECK_THROWS_WITH_AS(o.step(), doctest::Contains("load a checkpoint to go on"), std::logic_error);
+  // the file as it now is loads whole: the state after 6 steps
+  o.load(other);
+  CHECK(o.applied_steps() == 6);
+  CHECK(w2 == w);
+  CHECK(b2 == b);
+  std::remove(path.c_str());
+  std::remove(other.c_str());
+}
+
+TEST_CASE("checkpoint: an fp32 param that is its own master must be finite in the file (the load takes the master from it)") {
+  // For an fp32 param the file holds the master twice: a copy (checked, then skipped by the
+  // load) and the param itself, which the load takes. A crafted file whose copy is finite but
+  // whose param holds a NaN or an infinity is refused, for a matrix and for a vector.
+  const std::string path = temp_path("param-master.zfckpt"), bad = temp_path("param-master-bad.zfckpt");
+  const std::size_t R = 4, C = 6, V = 5;
+  config cfg;
+  cfg.topk_ratio = 0.5;
+  std::vector<float> w(R * C, 0.5f), g(R * C, 0.01f), b(V, -0.25f), gb(V, 0.02f);
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), R, C});
+  a.add_vector({b.data(), gb.data(), V});
+  a.initialize();
+  for (int t = 0; t < 3; ++t) a.step();
+  a.save(path);
+  const std::vector<unsigned char> good = file_bytes(path);
+  const section_place mat = section_of(good, 3), vec = section_of(good, 4);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct edit {
+    section_place sec;
+    std::size_t offset;
+    float value;
+  };
+  // the param is the last 4 * n bytes of each section; the matrix's first and a last element
+  const std::vector<edit> edits = {{mat, std::size_t(mat.len) - 4 * R * C, nan},
+                                   {mat, std::size_t(mat.len) - 4, inf},
+                                   {vec, std::size_t(vec.len) - 4 * V, -inf},
+                                   {vec, std::size_t(vec.len) - 4, nan}};
+  for (const edit& e : edits) {
+    CAPTURE(e.offset);
+    const auto img = crafted(good, e.sec, e.offset, &e.value, 4);
+    {
+      std::ofstream f(bad, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(img.data()), std::streamsize(img.size()));
+    }
+    std::vector<float> w2(R * C, 0.5f), g2(R * C), b2(V, -0.25f), gb2(V);
+    optimizer<> o(cfg);
+    o.add_matrix({w2.data(), g2.data(), R, C});
+    o.add_vector({b2.data(), gb2.data(), V});
+    o.initialize();
+    CHECK_THROWS_WITH_AS(o.load(bad), doctest::Contains("is not finite"), checkpoint_error);
+    CHECK(o.applied_steps() == 0);  // unchanged
+    CHECK(w2 == std::vector<float>(R * C, 0.5f));
+  }
+  // (the unedited file loads)
+  std::vector<float> w3(R * C, 0.5f), g3(R * C), b3(V, -0.25f), gb3(V);
+  optimizer<> o(cfg);
+  o.add_matrix({w3.data(), g3.data(), R, C});
+  o.add_vector({b3.data(), gb3.data(), V});
+  o.initialize();
+  o.load(path);
+  CHECK(w3 == w);
+  std::remove(path.c_str());
+  std::remove(bad.c_str());
+}
+
 #if defined(__unix__)
 TEST_CASE("checkpoint: a save removes the temporary files that killed saves of its path left, and nothing else") {
   namespace fs = std::filesystem;

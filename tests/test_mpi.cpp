@@ -12,6 +12,7 @@
 
 #include <dlfcn.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -921,6 +922,42 @@ TEST_CASE("data parallel: a save that fails on any rank leaves the previous set 
   dp_optimizer o(cfg, mpi_communicator(MPI_COMM_WORLD));
   CHECK(resume(o, m, path, src, 8, 8) == st);
   CHECK_THROWS_AS(t.opt.save(tmp_path("no-such-directory/x.zfc")), std::runtime_error);
+}
+
+TEST_CASE("data parallel: a save whose directory rank 0 cannot list is refused on every rank, and the set stands") {
+  // Rank 0 out of file descriptors (EMFILE) cannot list the directory, so it cannot know the
+  // generations there; a guess could be the current set's, whose shards the new ones would be
+  // renamed over before a failure removed them. Every rank refuses before writing anything.
+  const gradient_source src;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_unlisted.zfc");
+  trained t(src, cfg, 5);
+  save_fresh(t.opt, path);
+  for (int s = 5; s < 8; ++s) {
+    src.local_grads(t.m, s);
+    t.opt.step();
+  }
+  rlimit was{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &was) == 0);
+  if (my_rank() == 0) {  // no descriptor above the three standard ones can be opened
+    rlimit low = was;
+    low.rlim_cur = 3;
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  }
+  std::string msg;
+  try {
+    t.opt.save(path);
+  } catch (const std::runtime_error& e) {
+    msg = e.what();
+  }
+  if (my_rank() == 0) REQUIRE(setrlimit(RLIMIT_NOFILE, &was) == 0);
+  CHECK_MESSAGE(msg.find("rank 0 could not list the directory") != std::string::npos, msg);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(exists(shard_name(path, 1, my_rank())));
+  CHECK(!exists(shard_name(path, 2, my_rank())));
+  model m;
+  dp_optimizer o(cfg, mpi_communicator(MPI_COMM_WORLD));
+  CHECK(resume(o, m, path, src, 5, 5) == reference_state(src, cfg, 5, 5, false));
 }
 
 TEST_CASE("data parallel: a set saved by R ranks resumes on R' ranks, 1 < R' < R, counters included") {

@@ -457,12 +457,15 @@ class section_in : public typed_reads<section_in> {
   void skip(std::uint64_t n, std::vector<unsigned char>& buf) {
     pieces(n, buf, [](const unsigned char*, std::size_t) {});
   }
-  void finish() {
+  // Checks the section's checksum; returns it (a second pass over a file compares it with the
+  // first pass's: a file rewritten in between with other valid contents is caught there).
+  std::uint32_t finish() {
     if (left_ != 0) in_.fail("section " + std::to_string(index_) + " has trailing bytes");
     std::uint32_t stored;
     in_.read(&stored, 4);
     if (crc32_final(crc_) != stored) in_.fail("checksum mismatch in section " + std::to_string(index_));
     in_.add_to_digest(stored);
+    return stored;
   }
 
  private:

@@ -118,7 +118,9 @@ struct optimizer_checkpoint {
     std::uint64_t rank;
     std::string path;
   };
-  static std::vector<shard_file> shard_files(const std::string& dir, const std::string& base) {
+  // (*error: why the directory could not be listed whole, if it could not)
+  static std::vector<shard_file> shard_files(const std::string& dir, const std::string& base,
+                                             std::error_code* error = nullptr) {
     std::vector<shard_file> out;
     std::error_code ec;
     const std::string prefix = base + ".g";
@@ -147,16 +149,21 @@ struct optimizer_checkpoint {
         ++k;
         if (!number(name, k, x) || k != name.size()) continue;
       }
-      if (!it->is_regular_file(ec)) continue;
+      std::error_code fec;
+      if (!it->is_regular_file(fec)) continue;
       out.push_back({g, r, dir + name});
     }
+    if (error) *error = ec;
     return out;
   }
   // The highest generation N among the shard files of base in dir (0 if none; a temporary one
-  // counts too: its generation is never reused).
-  static std::uint64_t highest_generation(const std::string& dir, const std::string& base) {
+  // counts too: its generation is never reused); nothing if the directory cannot be listed whole
+  // (*error says why).
+  static std::optional<std::uint64_t> highest_generation(const std::string& dir, const std::string& base,
+                                                         std::error_code& error) {
     std::uint64_t high = 0;
-    for (const shard_file& f : shard_files(dir, base)) high = std::max(high, f.generation);
+    for (const shard_file& f : shard_files(dir, base, &error)) high = std::max(high, f.generation);
+    if (error) return std::nullopt;
     return high;
   }
   // The set a manifest at `path` names, if `path` is a readable manifest (else nothing).
@@ -221,13 +228,23 @@ struct optimizer_checkpoint {
     // (a relative path from another working directory, say) would write shards the manifest
     // never finds while its clean-up removed the previous set's — every rank refuses instead,
     // before anything is written.
+    // A directory rank 0 cannot list (an I/O error, no permission, no descriptor left) gives no
+    // generation (0): a guess could be the current set's, whose shards the new ones would replace.
     std::vector<std::uint64_t> gen(2 * std::size_t(R), 0);
+    std::error_code unlisted;
     if (rank == 0) {
-      gen[0] = highest_generation(dir_of(path), base_of(path)) + 1;
-      if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
+      if (const auto high = highest_generation(dir_of(path), base_of(path), unlisted)) {
+        gen[0] = *high + 1;
+        if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
+      }
     }
     gen[2 * std::size_t(rank) + 1] = path_digest(path);
     o.all_gather_host(gen.data(), counts.data());
+    if (gen[0] == 0)
+      throw std::runtime_error("zenflow: save(" + path + ") refused on every rank: rank 0 could not list the directory "
+                               "of " + path + (unlisted ? " (" + unlisted.message() + ")" : std::string()) +
+                               " (a new set's generation must be above every shard file there); nothing was written, "
+                               "the previous checkpoint stands");
     for (int r = 1; r < R; ++r)
       if (gen[2 * std::size_t(r) + 1] != gen[1])
         throw std::invalid_argument("zenflow: save(" + path + ") refused on every rank: rank " + std::to_string(r) +
@@ -236,17 +253,25 @@ struct optimizer_checkpoint {
     const std::string dir = dir_of(path), base = base_of(path);
     const std::string mine = shard_path(dir, base, gen[0], rank, R);  // (gen[0]: rank 0's)
     std::exception_ptr failed;
+    bool wrote = false;  // (only a shard this call wrote is removed when the save gives up)
     // each rank's shard: its size and digest, gathered for the manifest
     std::vector<std::uint64_t> shards(2 * std::size_t(R), 0);
     try {
+      // A new generation has no files yet; one there already (a directory listed in part, or
+      // a file made meanwhile) may be a set's that a manifest names: it is not written over.
+      std::error_code ec;  // (not found: file_type::not_found; a failed look-up: file_type::none)
+      if (std::filesystem::symlink_status(mine, ec).type() != std::filesystem::file_type::not_found)
+        throw std::runtime_error("zenflow: " + mine + " exists already (or cannot be looked up), though its generation " +
+                                 std::to_string(gen[0]) + " should be new; nothing was written over it");
       const auto [size, digest] = write_shard(o, mine, gen[0]);
+      wrote = true;
       shards[2 * std::size_t(rank)] = size;
       shards[2 * std::size_t(rank) + 1] = digest;
     } catch (...) {
       failed = std::current_exception();
     }
     auto give_up = [&](const char* what) {
-      std::remove(mine.c_str());
+      if (wrote) std::remove(mine.c_str());
       if (failed) std::rethrow_exception(failed);
       throw std::runtime_error(std::string("zenflow: ") + what + " of checkpoint " + path +
                                " could not be written; the previous checkpoint stands");
@@ -417,7 +442,8 @@ struct optimizer_checkpoint {
   // total size is checked before any payload is read) and streams every payload through its
   // checksum, keeping only what the checks need (column lists, counts); the second commits,
   // reading each array straight into place. A file that changes between the passes (written in
-  // place while loading) fails the second pass's checksums: the state is then half-restored,
+  // place while loading) fails the second pass's checksums, or their comparison with the first
+  // pass's (a rewrite with another valid checkpoint of the same shape): the state is then half-restored,
   // and the optimizer refuses further work until a load succeeds.
   static void load(Opt& o, ckpt::input& in) {
     auto bad = [&](const std::string& why) -> void { in.fail(why); };
@@ -542,6 +568,7 @@ struct optimizer_checkpoint {
     struct placed {
       std::uint64_t at, len;
       std::size_t active;
+      std::uint32_t crc;  // pass 1's checksum: pass 2 must read the same section
     };
     std::vector<placed> where;
     // fp32 masters and moments checked finite, v >= 0 (moments_ok), reported after the section's
@@ -557,7 +584,7 @@ struct optimizer_checkpoint {
       const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
       const std::size_t accs = o.cfg_.overlap_step ? 2 : 1;
       const bool on_host = !o.resident(i) && !sharded;
-      where.push_back({in.offset(), h.len, active});
+      where.push_back({in.offset(), h.len, active, 0});
       ckpt::section_in r(in, h.len, index);
       const auto stored = r.get<std::uint64_t>();
       std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
@@ -571,8 +598,11 @@ struct optimizer_checkpoint {
       } else {
         hcounts.clear();
       }
-      r.skip(std::uint64_t(pb), buf);
-      r.finish();
+      // an fp32 param that is its own master: the load takes the master from the param (the
+      // copy above is skipped), so the param is what must be finite
+      if (o.updater_.matrix(i).param_master) finite = floats_ok(r, std::uint64_t(n), no_sign_check, buf) && finite;
+      else r.skip(std::uint64_t(pb), buf);
+      where.back().crc = r.finish();
       if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
       if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
       for (std::size_t s = 0; s < active; ++s)
@@ -590,12 +620,13 @@ struct optimizer_checkpoint {
       const ckpt::section_header h = ckpt::read_section_header(in, index);
       if (h.tag != ckpt::vector_tag) bad("section " + std::to_string(index) + " should be vector " + std::to_string(i));
       if (h.len != vector_bytes(p)) bad("vector " + std::to_string(i) + " section has the wrong size");
-      where.push_back({in.offset(), h.len, 0});
+      where.push_back({in.offset(), h.len, 0, 0});
       ckpt::section_in r(in, h.len, index);
-      const bool finite = moments_ok(r, std::uint64_t(p.n), buf);
+      bool finite = moments_ok(r, std::uint64_t(p.n), buf);
       const auto vc = r.get<std::uint32_t>();
-      r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
-      r.finish();
+      if (o.updater_.vector(i).param_master) finite = floats_ok(r, std::uint64_t(p.n), no_sign_check, buf) && finite;
+      else r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
+      where.back().crc = r.finish();
       if (!finite) bad("vector " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
       if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
     }
@@ -677,7 +708,7 @@ struct optimizer_checkpoint {
       to_device(r, d.counts[0].data(), 4 * active);
       if (h.on_host && first == 3) read_host_arrays(o, i, r, 0, p.cols, buf);  // (a manifest has none)
       to_device(r, p.param, pb);
-      r.finish();
+      if (r.finish() != where[i].crc) in.fail("changed while it was being loaded (section " + std::to_string(first + i) + ")");
       o.set_unselected(i);
     }
     for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
@@ -691,7 +722,8 @@ struct optimizer_checkpoint {
       to_device(r, v.exp_avg_sq.data(), 4 * p.n);
       v.count = r.get<std::uint32_t>();
       to_device(r, p.param, p.n * size_of(p.param_type));
-      r.finish();
+      if (r.finish() != where[nm + i].crc)
+        in.fail("changed while it was being loaded (section " + std::to_string(first + nm + i) + ")");
     }
     o.space_.fence();
   }
@@ -703,10 +735,15 @@ struct optimizer_checkpoint {
   // negative second moment makes the next update's sqrt a NaN, on a step not reported skipped;
   // the arithmetic never produces one).
   static bool moments_ok(ckpt::section_in& r, std::uint64_t each, std::vector<unsigned char>& buf) {
+    return floats_ok(r, 3 * each, 2 * each, buf);
+  }
+  static constexpr std::uint64_t no_sign_check = ~std::uint64_t(0);
+  // `count` fp32 values read through the section's checksum: every one finite, and those from
+  // index v0 on also >= 0 (no_sign_check: none).
+  static bool floats_ok(ckpt::section_in& r, std::uint64_t count, std::uint64_t v0, std::vector<unsigned char>& buf) {
     unsigned char carry[4];
     std::size_t nc = 0;
     std::uint64_t at = 0;  // the next float's index
-    const std::uint64_t v0 = 2 * each;
     bool ok = true;
     auto check = [&](const unsigned char* p) {
       float x;
@@ -714,7 +751,7 @@ struct optimizer_checkpoint {
       ok = ok && std::isfinite(x) && (at < v0 || x >= 0.0f);
       ++at;
     };
-    r.pieces(4 * 3 * each, buf, [&](const unsigned char* p, std::size_t m) {
+    r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
       std::size_t k = 0;
       while (nc > 0 && nc < 4 && k < m) carry[nc++] = p[k++];  // a float split between pieces
       if (nc == 4) {
@@ -750,7 +787,11 @@ struct optimizer_checkpoint {
   struct shard_in {
     std::unique_ptr<ckpt::input> in;
     int rank = 0, ranks = 1;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> where;  // offset, length
+    struct place {
+      std::uint64_t at = 0, len = 0;
+      std::uint32_t crc = 0;  // the first pass's checksum: the commit must read the same section
+    };
+    std::vector<place> where;
   };
 
   // Opens the shards whose blocks overlap this rank's and checks each whole — size, header,
@@ -815,7 +856,7 @@ struct optimizer_checkpoint {
             std::to_string(ranks) + "; the manifest wants generation " + std::to_string(set.generation) + ", rank " +
             std::to_string(s) + " of " + std::to_string(R) + ")");
       std::size_t index = 1;
-      sh.where.assign(nm, {0, 0});
+      sh.where.assign(nm, {});
       for (std::size_t i = 0; i < nm; ++i) {
         const auto& h = o.host_.matrix(i);
         if (!h.on_host) continue;
@@ -824,14 +865,14 @@ struct optimizer_checkpoint {
         const ckpt::section_header mh = ckpt::read_section_header(in, index);
         if (mh.tag != ckpt::block_tag || mh.len != host_bytes(o, i, n))
           bad("section " + std::to_string(index) + " is not matrix " + std::to_string(i) + "'s block");
-        sh.where[i] = {in.offset(), mh.len};
+        sh.where[i] = {in.offset(), mh.len, 0};
         ckpt::section_in r(in, mh.len, index);
         const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
         const bool finite = moments_ok(r, n * h.rows, buf);
         r.skip(4 * accs * n * h.rows, buf);
         std::vector<std::uint32_t> counts(n);
         r.bytes(counts.data(), 4 * n);
-        r.finish();
+        sh.where[i].crc = r.finish();
         if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
         for (auto x : counts)
           if (x > applied) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
@@ -850,11 +891,11 @@ struct optimizer_checkpoint {
     for (std::size_t i = 0, index = 1; i < o.matrices_.size(); ++i) {
       if (!o.host_.matrix(i).on_host) continue;
       const std::uint64_t cols = o.matrices_[i].cols;
-      sh.in->seek(sh.where[i].first);
-      ckpt::section_in r(*sh.in, sh.where[i].second, index++);
+      sh.in->seek(sh.where[i].at);
+      ckpt::section_in r(*sh.in, sh.where[i].len, index++);
       read_host_arrays(o, i, r, detail::shard_begin(cols, sh.ranks, sh.rank), detail::shard_begin(cols, sh.ranks, sh.rank + 1),
                        buf);
-      r.finish();
+      if (r.finish() != sh.where[i].crc) sh.in->fail("changed while it was being loaded");
     }
   }
 
