@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -118,6 +119,24 @@ TEST_CASE("any_optimizer: checkpoints are the concrete type's, both ways") {
   c.synchronize();
   CHECK(b1 == b2);
   CHECK(a.applied_steps() == 9);
+  // the other way: the concrete type's checkpoint into a fresh any_optimizer
+  c.save(path);
+  buffers b3;
+  any_optimizer d = any_optimizer::create(optimizer_kind::zenflow, test_config());
+  b3.add_to(d);
+  d.initialize();
+  d.load(path);
+  CHECK(b3 == b2);
+  CHECK(d.applied_steps() == 9);
+  for (int s = 9; s < 13; ++s) {
+    b2.gradients(s);
+    b3.gradients(s);
+    c.step();
+    d.step();
+  }
+  c.synchronize();
+  d.synchronize();
+  CHECK(b3 == b2);
   std::remove(path.c_str());
 }
 
@@ -142,4 +161,66 @@ TEST_CASE("any_optimizer: bad names and misuse are clear errors") {
   any_optimizer s = any_optimizer::make<optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator,
                                                   host_copy, synchronous>>("zenflow-synchronous", test_config());
   CHECK(s.name() == "zenflow-synchronous");
+  // a moved-from any_optimizer holds nothing: a clear error, not a crash
+  any_optimizer moved = std::move(a);
+  CHECK(moved.initialized());
+  CHECK(moved.usable());
+  CHECK_THROWS_WITH_AS(a.step(), "zenflow: this any_optimizer was moved from", std::logic_error);
+  CHECK_THROWS_WITH_AS(a.get_config(), "zenflow: this any_optimizer was moved from", std::logic_error);
+  CHECK_FALSE(a.initialized());
+  CHECK_FALSE(a.usable());
+  CHECK(a.applied_steps() == 0);
+}
+
+namespace {
+// A host space whose streams are pointers, as cuda_space's (cudaStream_t) are, noting the stream
+// the optimizer sets last.
+struct pointer_stream_space : host_space {
+  using host_space::host_space;
+  using stream_type = int*;
+  inline static int* current = nullptr;
+  inline static int sets = 0;
+  void set_stream(int* s) noexcept {
+    current = s;
+    ++sets;
+  }
+};
+}  // namespace
+
+TEST_CASE("any_optimizer: a call without a stream keeps the optimizer's stream; one with a stream, nullptr too, sets it") {
+  // (on cuda_space a step(grad_scale) that passed nullptr on would move the optimizer's kernels
+  // to the default stream, unordered with a non-blocking trainer stream)
+  using opt_t = optimizer<pointer_stream_space, column_topk, fused_adamw<pointer_stream_space>, simd_accumulator,
+                          host_copy, synchronous>;
+  buffers b;
+  any_optimizer a = any_optimizer::make<opt_t>("pointer streams", test_config());
+  b.add_to(a);
+  int s1 = 0, s2 = 0;
+  pointer_stream_space::sets = 0;
+  a.initialize(&s1);
+  CHECK(pointer_stream_space::current == &s1);
+  b.gradients(0);
+  a.step();
+  CHECK(pointer_stream_space::current == &s1);
+  b.gradients(1);
+  a.step(0.5f);
+  CHECK(pointer_stream_space::current == &s1);
+  b.gradients(2);
+  a.step(&s2);
+  CHECK(pointer_stream_space::current == &s2);
+  b.gradients(3);
+  a.step(2.0f);
+  CHECK(pointer_stream_space::current == &s2);
+  b.gradients(4);
+  a.step(nullptr, 1.0f);  // the default stream, given
+  CHECK(pointer_stream_space::current == nullptr);
+  CHECK(pointer_stream_space::sets == 3);
+  CHECK(a.applied_steps() == 5);
+  // initialize() without a stream sets none
+  buffers b2;
+  any_optimizer c = any_optimizer::make<opt_t>("pointer streams", test_config());
+  b2.add_to(c);
+  pointer_stream_space::sets = 0;
+  c.initialize();
+  CHECK(pointer_stream_space::sets == 0);
 }

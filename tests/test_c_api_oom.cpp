@@ -5,21 +5,27 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <new>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include <zenflow/c_impl.hpp>
 
 namespace {
 thread_local bool starve = false;
+thread_local int fail_nth = 0;  // > 0: the fail_nth-th allocation from now on fails, that one only
 }
 
 // (operator delete frees what this operator new took from malloc: GCC cannot see the pairing)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
-  if (starve) throw std::bad_alloc();
+  if (starve || (fail_nth > 0 && --fail_nth == 0)) throw std::bad_alloc();
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -68,4 +74,118 @@ TEST_CASE("C API: out of memory while failing returns a status and a fixed messa
   CHECK(again.first == ZF_INVALID_ARGUMENT);
   CHECK(again.second == "zenflow: the optimizer handle is NULL");
   zf_destroy(opt);
+}
+
+TEST_CASE("C API: each exception type maps to its status; an internal logic error is not taken for an unusable optimizer") {
+  using zenflow::c_api::guarded;
+  auto status_of = [](auto thrower) { return guarded([&] { thrower(); }); };
+  CHECK(status_of([] {}) == ZF_OK);
+  CHECK(status_of([] { throw zenflow::checkpoint_error("c"); }) == ZF_CHECKPOINT_ERROR);
+  CHECK(status_of([] { throw zenflow::config_error("c"); }) == ZF_INVALID_ARGUMENT);
+  CHECK(status_of([] { throw std::invalid_argument("c"); }) == ZF_INVALID_ARGUMENT);
+  CHECK(status_of([] { throw zenflow::unusable_error("c"); }) == ZF_UNUSABLE);
+  CHECK(status_of([] { throw std::bad_alloc(); }) == ZF_OUT_OF_MEMORY);
+  CHECK(status_of([] { throw std::runtime_error("c"); }) == ZF_IO_ERROR);
+  // what no valid call should meet: a fault of zenflow's own, not "load a checkpoint"
+  CHECK(status_of([] { throw std::logic_error("c"); }) == ZF_INTERNAL_ERROR);
+  CHECK(status_of([] { throw std::out_of_range("c"); }) == ZF_INTERNAL_ERROR);
+  CHECK(status_of([] { throw 42; }) == ZF_INTERNAL_ERROR);
+  CHECK(std::string(zf_last_error()) == "zenflow: an unknown exception");
+}
+
+TEST_CASE("C API: the call that fails midway returns ZF_UNUSABLE, and so does work until a load succeeds") {
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/c_api_unusable.zfckpt";
+  const std::string bad = std::string(ZF_TEST_TMP_DIR) + "/c_api_unusable-bad.zfckpt";
+  std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f);
+  zf_optimizer* opt = nullptr;
+  REQUIRE(zf_create("zenflow", "{\"topk_ratio\": 0.25, \"update_interval\": 1, \"select_interval\": 2}", &opt) == ZF_OK);
+  REQUIRE(zf_add_matrix(opt, w.data(), g.data(), 8, 16, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+  REQUIRE(zf_initialize(opt) == ZF_OK);
+  REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);
+  REQUIRE(zf_save(opt, path.c_str()) == ZF_OK);
+  const std::vector<float> saved = w;
+  // A step whose n-th allocation fails, n = 1, 2, ...: until one fails after the step began
+  // changing the state (today its first allocation already comes after its checks). A failure
+  // before that would be ZF_OUT_OF_MEMORY with the optimizer unchanged (the next step works); the
+  // one after it is ZF_UNUSABLE, from that very call, naming the cause.
+  zf_status st = ZF_OK;
+  std::string msg;
+  for (int n = 1; n < 10000 && st != ZF_UNUSABLE; ++n) {
+    CAPTURE(n);
+    fail_nth = n;
+    st = zf_step(opt, 1.0f, nullptr);
+    const bool failed = fail_nth == 0;  // (the n-th allocation came)
+    fail_nth = 0;
+    msg = zf_last_error();
+    if (st == ZF_OK) {
+      REQUIRE(!failed);  // a step that met its failure says so
+      REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);  // the next step: a selection again
+      continue;
+    }
+    if (st == ZF_OUT_OF_MEMORY) REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);  // usable: nothing changed
+    else REQUIRE(st == ZF_UNUSABLE);
+  }
+  REQUIRE(st == ZF_UNUSABLE);
+  CHECK_MESSAGE(msg.find("out of memory") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("unusable until zf_load succeeds") != std::string::npos, msg);
+  // then every call that works on the state refuses, with that status
+  CHECK(zf_step(opt, 1.0f, nullptr) == ZF_UNUSABLE);
+  CHECK(std::string(zf_last_error()).find("load a checkpoint to go on") != std::string::npos);
+  CHECK(zf_synchronize(opt) == ZF_UNUSABLE);
+  CHECK(zf_save(opt, bad.c_str()) == ZF_UNUSABLE);
+  // a load that fails its checks says why (and the handle stays unusable)
+  { std::ofstream(bad) << "not a checkpoint"; }
+  CHECK(zf_load(opt, bad.c_str()) == ZF_CHECKPOINT_ERROR);
+  CHECK(zf_step(opt, 1.0f, nullptr) == ZF_UNUSABLE);
+  // a load that succeeds brings it back: the state of the save
+  CHECK(zf_load(opt, path.c_str()) == ZF_OK);
+  CHECK(w == saved);
+  int applied = 0;
+  CHECK(zf_step(opt, 1.0f, &applied) == ZF_OK);
+  CHECK(applied == 1);
+  zf_destroy(opt);
+  std::remove(path.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST_CASE("C API: a registration that runs out of memory leaves nothing behind, and the same buffers register on retry") {
+  // Each allocation of zf_add_matrix, then of zf_add_vector, failing in turn: the call returns
+  // ZF_OUT_OF_MEMORY and records nothing, so the retry with the same buffers succeeds (no
+  // "overlaps matrix 0" from a half-made record), the ids stay in sequence, and the optimizer
+  // trains.
+  std::vector<float> w(4 * 6, 0.5f), g(4 * 6, 0.01f), b(3, 1.0f), gb(3, 0.02f);
+  auto add_matrix = [&](zf_optimizer* opt, std::size_t* id) {
+    return zf_add_matrix(opt, w.data(), g.data(), 4, 6, ZF_F32, ZF_F32, ZF_ROW_MAJOR, id);
+  };
+  auto add_vector = [&](zf_optimizer* opt, std::size_t* id) { return zf_add_vector(opt, b.data(), gb.data(), 3, ZF_F32, ZF_F32, id); };
+  for (int which = 0; which < 2; ++which) {
+    int failures = 0;
+    for (int n = 1;; ++n) {
+      CAPTURE(which);
+      CAPTURE(n);
+      zf_optimizer* opt = nullptr;
+      REQUIRE(zf_create("zenflow", nullptr, &opt) == ZF_OK);
+      if (which == 1) REQUIRE(add_matrix(opt, nullptr) == ZF_OK);
+      fail_nth = n;
+      const zf_status st = which == 0 ? add_matrix(opt, nullptr) : add_vector(opt, nullptr);
+      const bool met = fail_nth == 0;  // the call made an n-th allocation, which failed
+      fail_nth = 0;
+      std::size_t mid = 9, vid = 9;
+      if (met) {
+        ++failures;
+        CHECK(st == ZF_OUT_OF_MEMORY);
+        if (which == 0) CHECK(add_matrix(opt, &mid) == ZF_OK);
+        else CHECK(add_vector(opt, &vid) == ZF_OK);
+      } else {
+        CHECK(st == ZF_OK);
+      }
+      if (which == 0) CHECK(add_vector(opt, &vid) == ZF_OK);
+      if (met) CHECK((which == 0 ? mid : vid) == 0);
+      CHECK(zf_initialize(opt) == ZF_OK);
+      CHECK(zf_step(opt, 1.0f, nullptr) == ZF_OK);
+      zf_destroy(opt);
+      if (!met) break;  // fewer than n allocations: each one has failed once
+    }
+    CHECK(failures >= 2);  // (the records of both buffers, at least)
+  }
 }

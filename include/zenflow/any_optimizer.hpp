@@ -70,40 +70,46 @@ class any_optimizer {
     return a;
   }
 
+  // (A moved-from any_optimizer holds nothing: its calls throw std::logic_error, but for name(),
+  // "", initialized() and usable(), false, and applied_steps(), 0.)
   any_optimizer(any_optimizer&&) noexcept = default;
   any_optimizer& operator=(any_optimizer&&) noexcept = default;
   ~any_optimizer() = default;
 
   std::string_view name() const noexcept { return name_; }
 
-  matrix_id add_matrix(const matrix_param& p) { return p_->add_matrix(p); }
-  vector_id add_vector(const vector_param& p) { return p_->add_vector(p); }
-  void initialize() { p_->initialize(nullptr); }
-  // With the space's stream (a cudaStream_t on cuda_space, passed as void*); a space without
-  // streams (host_space) takes only nullptr.
-  void initialize(void* stream) { p_->initialize(stream); }
-  step_info step(float grad_scale = 1.0f) { return p_->step(nullptr, grad_scale); }
-  step_info step(void* stream, float grad_scale = 1.0f) { return p_->step(stream, grad_scale); }
-  void synchronize() { p_->synchronize(); }
-  void set_lr(float lr) { p_->set_lr(lr); }
-  float lr() const noexcept { return p_->lr(); }
-  const config& get_config() const noexcept { return p_->get_config(); }
-  bool initialized() const noexcept { return p_->initialized(); }
-  std::uint64_t applied_steps() const noexcept { return p_->applied_steps(); }
-  optimizer_stats stats() const { return p_->stats(); }
+  matrix_id add_matrix(const matrix_param& p) { return impl().add_matrix(p); }
+  vector_id add_vector(const vector_param& p) { return impl().add_vector(p); }
+  // On the stream the optimizer already has (cuda_space: the default stream until one is given;
+  // the one an earlier call gave), as optimizer::initialize() and step(grad_scale) do.
+  void initialize() { impl().initialize_here(); }
+  // With the space's stream (a cudaStream_t on cuda_space, passed as void*; nullptr is then the
+  // default stream); a space without streams (host_space) takes only nullptr.
+  void initialize(void* stream) { impl().initialize(stream); }
+  step_info step(float grad_scale = 1.0f) { return impl().step_here(grad_scale); }
+  step_info step(void* stream, float grad_scale = 1.0f) { return impl().step(stream, grad_scale); }
+  void synchronize() { impl().synchronize(); }
+  void set_lr(float lr) { impl().set_lr(lr); }
+  float lr() const { return impl().lr(); }
+  const config& get_config() const { return impl().get_config(); }
+  bool initialized() const noexcept { return p_ && p_->initialized(); }
+  // optimizer::usable(): false once a call failed midway, until a load succeeds.
+  bool usable() const noexcept { return p_ && p_->usable(); }
+  std::uint64_t applied_steps() const noexcept { return p_ ? p_->applied_steps() : 0; }
+  optimizer_stats stats() const { return impl().stats(); }
 
-  void copy_master(matrix_id m, float* out) { p_->copy_master(m, out); }
-  void copy_exp_avg(matrix_id m, float* out) { p_->copy_exp_avg(m, out); }
-  void copy_exp_avg_sq(matrix_id m, float* out) { p_->copy_exp_avg_sq(m, out); }
-  std::vector<std::uint32_t> column_counts(matrix_id m) { return p_->column_counts(m); }
-  std::vector<std::uint32_t> selected_columns(matrix_id m) const { return p_->selected_columns(m); }
-  void copy_vector_master(vector_id v, float* out) { p_->copy_vector_master(v, out); }
-  void copy_params_synchronized(matrix_id m, void* out) { p_->copy_params_synchronized(m, out); }
+  void copy_master(matrix_id m, float* out) { impl().copy_master(m, out); }
+  void copy_exp_avg(matrix_id m, float* out) { impl().copy_exp_avg(m, out); }
+  void copy_exp_avg_sq(matrix_id m, float* out) { impl().copy_exp_avg_sq(m, out); }
+  std::vector<std::uint32_t> column_counts(matrix_id m) { return impl().column_counts(m); }
+  std::vector<std::uint32_t> selected_columns(matrix_id m) const { return impl().selected_columns(m); }
+  void copy_vector_master(vector_id v, float* out) { impl().copy_vector_master(v, out); }
+  void copy_params_synchronized(matrix_id m, void* out) { impl().copy_params_synchronized(m, out); }
 
-  void save(const std::string& path) { p_->save(path); }
-  void load(const std::string& path) { p_->load(path); }
+  void save(const std::string& path) { impl().save(path); }
+  void load(const std::string& path) { impl().load(path); }
   void load_image(const void* data, std::size_t size, const std::string& name = "(memory)") {
-    p_->load_image(data, size, name);
+    impl().load_image(data, size, name);
   }
 
  private:
@@ -114,7 +120,10 @@ class any_optimizer {
     virtual matrix_id add_matrix(const matrix_param&) = 0;
     virtual vector_id add_vector(const vector_param&) = 0;
     virtual void initialize(void* stream) = 0;
+    virtual void initialize_here() = 0;
     virtual step_info step(void* stream, float grad_scale) = 0;
+    virtual step_info step_here(float grad_scale) = 0;
+    virtual bool usable() const noexcept = 0;
     virtual void synchronize() = 0;
     virtual void set_lr(float) = 0;
     virtual float lr() const noexcept = 0;
@@ -160,10 +169,13 @@ class any_optimizer {
       if (with_stream(s, st)) o.initialize(st);
       else o.initialize();
     }
+    void initialize_here() override { o.initialize(); }
     step_info step(void* s, float grad_scale) override {
       stream_type st{};
       return with_stream(s, st) ? o.step(st, grad_scale) : o.step(grad_scale);
     }
+    step_info step_here(float grad_scale) override { return o.step(grad_scale); }
+    bool usable() const noexcept override { return o.usable(); }
     void synchronize() override { o.synchronize(); }
     void set_lr(float lr) override { o.set_lr(lr); }
     float lr() const noexcept override { return o.lr(); }
@@ -182,6 +194,11 @@ class any_optimizer {
     void load(const std::string& path) override { o.load(path); }
     void load_image(const void* d, std::size_t n, const std::string& name) override { o.load_image(d, n, name); }
   };
+
+  iface& impl() const {
+    if (!p_) throw std::logic_error("zenflow: this any_optimizer was moved from");
+    return *p_;
+  }
 
   std::unique_ptr<iface> p_;
   std::string name_;

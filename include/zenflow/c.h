@@ -29,8 +29,12 @@ typedef enum zf_status {
   ZF_CHECKPOINT_ERROR = 2, /* a checkpoint that is unreadable, corrupt or not this optimizer's */
   ZF_IO_ERROR = 3,         /* saving failed (disk full, no such directory; nothing changed), or another runtime error */
   ZF_OUT_OF_MEMORY = 4,
-  ZF_UNUSABLE = 5,         /* a step failed midway: only zf_load (or zf_destroy) until a load succeeds */
-  ZF_INTERNAL_ERROR = 6    /* anything else; the message says what */
+  /* The optimizer cannot go on: this call failed midway (a step, a background host update it
+   * met, a load's commit; the message names the cause, out of memory say), or an earlier one
+   * did. zf_step, zf_synchronize and zf_save then return ZF_UNUSABLE until a zf_load succeeds;
+   * zf_copy_master and zf_stats_get still read the state, which may be inconsistent. */
+  ZF_UNUSABLE = 5,
+  ZF_INTERNAL_ERROR = 6    /* anything else (a fault of zenflow's own); the message says what */
 } zf_status;
 
 /* Element types of params and grads, and matrix layouts (the values of zenflow::dtype and

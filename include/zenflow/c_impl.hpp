@@ -53,7 +53,7 @@ zf_status guarded(F&& f) noexcept {
     return fail(ZF_CHECKPOINT_ERROR, e.what());
   } catch (const std::invalid_argument& e) {  // config_error and argument checks
     return fail(ZF_INVALID_ARGUMENT, e.what());
-  } catch (const std::logic_error& e) {  // refusing work after a failed step
+  } catch (const unusable_error& e) {  // refusing work after a call that failed midway
     return fail(ZF_UNUSABLE, e.what());
   } catch (const std::bad_alloc&) {
     return fail(ZF_OUT_OF_MEMORY, "zenflow: out of memory");
@@ -64,6 +64,24 @@ zf_status guarded(F&& f) noexcept {
   } catch (...) {
     return fail(ZF_INTERNAL_ERROR, "zenflow: an unknown exception");
   }
+}
+
+// guarded(f) on a handle: a call that fails and makes the optimizer unusable (it failed midway:
+// a step, a background job it met, a load's commit) returns ZF_UNUSABLE, whatever the cause (out
+// of memory, an I/O error: the message names it), since what the caller must do next is load a
+// checkpoint. (On a handle unusable already, the calls that refuse return ZF_UNUSABLE; a load
+// that fails its checks there returns ZF_CHECKPOINT_ERROR, and the handle stays unusable.)
+template <class F>
+zf_status guarded(const any_optimizer& o, F&& f) noexcept {
+  const bool was_usable = o.usable();
+  const zf_status s = guarded(std::forward<F>(f));
+  if (s == ZF_OK || s == ZF_UNUSABLE || !was_usable || o.usable()) return s;
+  error_message& m = last_error();
+  try {
+    if (!m.fixed) m.text += "; the optimizer is unusable until zf_load succeeds";
+  } catch (...) {  // (the cause's message stays as it is)
+  }
+  return ZF_UNUSABLE;
 }
 
 inline bool valid_dtype(int t) { return t == ZF_F32 || t == ZF_BF16 || t == ZF_F16; }
@@ -134,12 +152,12 @@ zf_status zf_set_group(zf_optimizer* opt, const char* name) {
 
 zf_status zf_initialize(zf_optimizer* opt) {
   ZF_C_HANDLE(opt);
-  return zenflow::c_api::guarded([&] { opt->opt.initialize(); });
+  return zenflow::c_api::guarded(opt->opt, [&] { opt->opt.initialize(); });
 }
 
 zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) {
   ZF_C_HANDLE(opt);
-  return zenflow::c_api::guarded([&] {
+  return zenflow::c_api::guarded(opt->opt, [&] {
     const zenflow::step_info info = opt->opt.step(grad_scale);
     if (applied) *applied = info.skipped ? 0 : 1;
   });
@@ -147,7 +165,7 @@ zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) {
 
 zf_status zf_synchronize(zf_optimizer* opt) {
   ZF_C_HANDLE(opt);
-  return zenflow::c_api::guarded([&] { opt->opt.synchronize(); });
+  return zenflow::c_api::guarded(opt->opt, [&] { opt->opt.synchronize(); });
 }
 
 zf_status zf_set_lr(zf_optimizer* opt, float lr) {
@@ -171,21 +189,21 @@ zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out) {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_copy_master: out is NULL");
-  return guarded([&] { opt->opt.copy_master(zenflow::matrix_id{id}, out); });
+  return guarded(opt->opt, [&] { opt->opt.copy_master(zenflow::matrix_id{id}, out); });
 }
 
 zf_status zf_save(zf_optimizer* opt, const char* path) {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_save: path is NULL");
-  return guarded([&] { opt->opt.save(path); });
+  return guarded(opt->opt, [&] { opt->opt.save(path); });
 }
 
 zf_status zf_load(zf_optimizer* opt, const char* path) {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_load: path is NULL");
-  return guarded([&] { opt->opt.load(path); });
+  return guarded(opt->opt, [&] { opt->opt.load(path); });
 }
 
 const char* zf_last_error(void) { return zenflow::c_api::last_error().c_str(); }

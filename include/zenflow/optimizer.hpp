@@ -45,6 +45,13 @@
 
 namespace zenflow {
 
+// What a call throws when the optimizer refuses work because an earlier call failed midway (a
+// step, a transfer, a background job, a load's commit; data parallel: on any rank): its state may
+// be inconsistent, and only a load that succeeds makes it usable again (optimizer::usable()).
+struct unusable_error : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
 struct optimizer_stats {
   std::uint64_t steps = 0;          // calls of step()
   std::uint64_t skipped_steps = 0;  // of which skipped: a non-finite gradient, or one whose norm exceeds 2^63 once unscaled
@@ -163,6 +170,7 @@ class optimizer {
     const std::string who = "matrix " + std::to_string(matrices_.size());
     check_registration(who);
     detail::check_group(who, cfg_.adam, p.lr_scale, p.weight_decay_scale);
+    detail::room_for_one(matrices_);  // (so that nothing fails after the buffers are recorded)
     buffers_.add(who, false, matrices_.size(), p.param, p.param_type, p.grad, p.grad_type,
                  detail::checked_matrix_elements(who, p));
     matrices_.push_back(p);
@@ -172,6 +180,7 @@ class optimizer {
     const std::string who = "vector " + std::to_string(vectors_.size());
     check_registration(who);
     detail::check_group(who, cfg_.adam, p.lr_scale, p.weight_decay_scale);
+    detail::room_for_one(vectors_);  // (so that nothing fails after the buffers are recorded)
     buffers_.add(who, true, vectors_.size(), p.param, p.param_type, p.grad, p.grad_type,
                  detail::checked_vector_elements(who, p));
     vectors_.push_back(p);
@@ -288,6 +297,10 @@ class optimizer {
   float lr() const noexcept { return cfg_.adam.lr; }
   const config& get_config() const noexcept { return cfg_; }
   bool initialized() const noexcept { return initialized_; }
+  // False once a call failed midway (its exception was the first sign; step(), save(),
+  // synchronize() and copy_params_synchronized() then throw unusable_error), until a load
+  // succeeds.
+  bool usable() const noexcept { return broken_.empty(); }
   std::uint64_t applied_steps() const noexcept { return applied_; }
 
   optimizer_stats stats() const {
@@ -1163,7 +1176,7 @@ class optimizer {
   }
   void check_usable() const {
     if (!broken_.empty())
-      throw std::logic_error("zenflow: a step or transfer failed midway (" + broken_ +
+      throw unusable_error("zenflow: a step or transfer failed midway (" + broken_ +
                              "); the optimizer's state may be inconsistent: load a checkpoint to go on");
   }
 

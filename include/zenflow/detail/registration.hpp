@@ -73,6 +73,12 @@ inline void check_group(const std::string& who, const adamw_hyper& h, float lr_s
 // refused (an optimizer would otherwise update one buffer twice, or write into a gradient). The
 // recorded extents never overlap each other, so they are kept ordered by start address and a new
 // extent need only be compared with its two neighbours: O(log n) per registration.
+// Room for one more element, growing geometrically (a push_back after it cannot throw).
+template <class Vec>
+void room_for_one(Vec& v) {
+  if (v.size() == v.capacity()) v.reserve(v.size() < 8 ? 8 : 2 * v.size());
+}
+
 class registered_buffers {
  public:
   // Checks one parameter's two buffers of n elements and records them: the parameter is `who`,
@@ -92,8 +98,15 @@ class registered_buffers {
       if (const auto hit = overlapping(mine[k]); hit != extents_.end())
         invalid(who + what[k] + " overlaps " + name(hit->second.owner));
     const std::uint64_t owner = std::uint64_t(index) * 4 + (is_vector ? 2 : 0);
-    extents_.emplace(mine[0].begin, extent{mine[0].end, owner});
-    extents_.emplace(mine[1].begin, extent{mine[1].end, owner + 1});
+    // both or neither (an allocation failing on the second leaves no record of a tensor that was
+    // never registered)
+    const auto first = extents_.emplace(mine[0].begin, extent{mine[0].end, owner}).first;
+    try {
+      extents_.emplace(mine[1].begin, extent{mine[1].end, owner + 1});
+    } catch (...) {
+      extents_.erase(first);
+      throw;
+    }
   }
 
   // Host memory of the records: a tree node each (the entry after 32 bytes of colour and links),
