@@ -317,8 +317,11 @@ class file_writer : public typed_writes<file_writer> {
     end();
   }
 
-  // Flushes, syncs and renames the file over path (then syncs the directory).
-  void commit() {
+  // Flushes, syncs and renames the file over path (then syncs the directory). Returns whether the
+  // rename is durable too (the directory's sync succeeded): a caller about to remove what the
+  // old file referred to does so only then, else a crash could keep the removals and lose the
+  // rename.
+  bool commit() {
     bool ok = std::fflush(f_) == 0;
 #if defined(__unix__) || defined(__APPLE__)
     ok = ok && ::fsync(fileno(f_)) == 0;
@@ -333,16 +336,19 @@ class file_writer : public typed_writes<file_writer> {
       std::remove(tmp_.c_str());
       throw std::runtime_error("zenflow: cannot rename " + tmp_ + " to " + path_);
     }
+    bool durable = true;
 #if defined(__unix__) || defined(__APPLE__)
     const std::size_t slash = path_.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+    durable = false;
     if (const int d = ::open(dir.c_str(), O_RDONLY); d >= 0) {  // make the rename itself durable
-      ::fsync(d);
+      durable = ::fsync(d) == 0;
       ::close(d);
     }
 #endif
     live_temporaries::remove(tmp_);
     remove_stale_temporaries(path_);
+    return durable;
   }
 
  private:

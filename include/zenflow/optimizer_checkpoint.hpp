@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <system_error>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -197,9 +198,10 @@ struct optimizer_checkpoint {
     if constexpr (Opt::data_parallel) {
       save_set(o, path);
     } else {
-      write(o, path, nullptr);
       // a sharded set that <path> named before is no longer named by anything: its shards go
-      for (const shard_file& f : shard_files(dir_of(path), base_of(path))) std::remove(f.path.c_str());
+      // (once the new file's rename is durable)
+      if (write(o, path, nullptr))
+        for (const shard_file& f : shard_files(dir_of(path), base_of(path))) std::remove(f.path.c_str());
     }
   }
 
@@ -253,7 +255,8 @@ struct optimizer_checkpoint {
     const std::string dir = dir_of(path), base = base_of(path);
     const std::string mine = shard_path(dir, base, gen[0], rank, R);  // (gen[0]: rank 0's)
     std::exception_ptr failed;
-    bool wrote = false;  // (only a shard this call wrote is removed when the save gives up)
+    bool wrote = false;    // (only a shard this call wrote is removed when the save gives up)
+    bool durable = false;  // this rank's renames, its shard's and rank 0's manifest's, synced
     // each rank's shard: its size and digest, gathered for the manifest
     std::vector<std::uint64_t> shards(2 * std::size_t(R), 0);
     try {
@@ -263,8 +266,9 @@ struct optimizer_checkpoint {
       if (std::filesystem::symlink_status(mine, ec).type() != std::filesystem::file_type::not_found)
         throw std::runtime_error("zenflow: " + mine + " exists already (or cannot be looked up), though its generation " +
                                  std::to_string(gen[0]) + " should be new; nothing was written over it");
-      const auto [size, digest] = write_shard(o, mine, gen[0]);
+      const auto [size, digest, synced] = write_shard(o, mine, gen[0]);
       wrote = true;
+      durable = synced;
       shards[2 * std::size_t(rank)] = size;
       shards[2 * std::size_t(rank) + 1] = digest;
     } catch (...) {
@@ -286,12 +290,15 @@ struct optimizer_checkpoint {
           info.sizes.push_back(shards[2 * std::size_t(r)]);
           info.digests.push_back(shards[2 * std::size_t(r) + 1]);
         }
-        write(o, path, &info);
+        durable = write(o, path, &info) && durable;
       } catch (...) {
         failed = std::current_exception();
       }
     }
     if (!comm.all_agree(!failed)) give_up("the manifest");
+    // (a rename whose directory could not be synced might not survive a crash: then the older
+    // shards stay, for the next save to remove)
+    if (!comm.all_agree(durable)) return;
     // <path> names the new set: every older shard of this base goes — the previous set's, any
     // that a save interrupted after its manifest was written (a rank killed while removing the
     // previous set's shards) left behind, and the temporary files of shards that a rank killed
@@ -304,8 +311,10 @@ struct optimizer_checkpoint {
   }
 
   // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
-  // matrix with host state, its block's host arrays. Returns the file's size and digest.
-  static std::pair<std::uint64_t, std::uint64_t> write_shard(Opt& o, const std::string& path, std::uint64_t generation) {
+  // matrix with host state, its block's host arrays. Returns the file's size and digest, and
+  // whether its rename is durable.
+  static std::tuple<std::uint64_t, std::uint64_t, bool> write_shard(Opt& o, const std::string& path,
+                                                                     std::uint64_t generation) {
     ckpt::writer head;
     head.put(generation);
     head.put<std::uint32_t>(std::uint32_t(o.comm_.rank()));
@@ -324,8 +333,8 @@ struct optimizer_checkpoint {
       f.end();
       size += 20 + host_bytes(o, i, h.cols);
     }
-    f.commit();
-    return {size, f.digest()};
+    const bool durable = f.commit();
+    return {size, f.digest(), durable};
   }
   template <class File, class State>
   static void write_host_arrays(const Opt& o, File& f, const State& h) {
@@ -337,7 +346,7 @@ struct optimizer_checkpoint {
 
   // One process's checkpoint at `path`; with `set`, the manifest of a sharded one instead (no
   // host arrays; a shards section after the counters).
-  static void write(Opt& o, const std::string& path, const set_info* set) {
+  static bool write(Opt& o, const std::string& path, const set_info* set) {
     ckpt::writer conf, lay, cnt;
     write_config(conf, o.cfg_);
     lay.put<std::uint64_t>(o.matrices_.size());
@@ -433,7 +442,7 @@ struct optimizer_checkpoint {
       from_device(p.param, p.n * size_of(p.param_type));
       f.end();
     }
-    f.commit();
+    return f.commit();
   }
 
   // Checks a checkpoint against this optimizer and, only if everything holds, restores it (see
