@@ -90,14 +90,30 @@ TEST_CASE("accumulate rejects bad arguments before writing") {
 }
 
 TEST_CASE("accumulate: a compact gradient of listed columns lands in those columns") {
-  const std::size_t rows = 45, cols = 30;
-  const std::vector<std::uint32_t> list = {29, 2, 7, 8, 0};
+  // A small list (one thread), and 40 columns of 1000 rows (40,000 elements: split among 2 and 4
+  // threads, blocks starting mid-column).
+  struct shape {
+    std::size_t rows, cols;
+    std::vector<std::uint32_t> list;
+    int threads;
+  };
+  std::vector<shape> shapes = {{45, 30, {29, 2, 7, 8, 0}, 2}};
+  for (int threads : {2, 4}) {
+    shape big{1000, 120, {}, threads};
+    for (std::uint32_t c = 1; c < 120; c += 3) big.list.push_back(c);
+    shapes.push_back(big);
+  }
+  for (const shape& sh : shapes) {
+  CAPTURE(sh.rows);
+  CAPTURE(sh.threads);
+  const std::size_t rows = sh.rows, cols = sh.cols;
+  const std::vector<std::uint32_t>& list = sh.list;
   zf_test::rng r(5);
   std::vector<float> acc0(rows * cols);
   for (auto& a : acc0) a = r.spread(-6, 3);
   std::vector<bfloat16> grad(rows * list.size());
   for (auto& g : grad) g = to_bfloat16(r.spread(-6, 3));
-  tbb::task_arena arena{2};
+  tbb::task_arena arena{sh.threads};
   for (isa t : zf_test::available_tiers()) {
     CAPTURE(name_of(t));
     auto acc = acc0;
@@ -117,9 +133,22 @@ TEST_CASE("accumulate: a compact gradient of listed columns lands in those colum
       }
     }
   }
+  }
+  const std::size_t rows = 45, cols = 30;
+  const std::vector<std::uint32_t> list = {29, 2, 7, 8, 0};
+  zf_test::rng r(5);
+  std::vector<float> acc0(rows * cols);
+  for (auto& a : acc0) a = r.spread(-6, 3);
+  std::vector<bfloat16> grad(rows * list.size());
+  for (auto& g : grad) g = to_bfloat16(r.spread(-6, 3));
+  tbb::task_arena arena{2};
   auto acc = acc0;
   accumulate_job bad{acc.data(), grad.data(), dtype::bf16, 1.0f, rows, list.data()};
   CHECK_THROWS_WITH_AS(accumulate(arena, bad, grad.size(), best_isa(), 29),
                        "zenflow: column index out of range", std::invalid_argument);
+  const std::vector<std::uint32_t> twice = {29, 2, 7, 2, 0};  // (a column listed twice)
+  accumulate_job dup{acc.data(), grad.data(), dtype::bf16, 1.0f, rows, twice.data()};
+  CHECK_THROWS_WITH_AS(accumulate(arena, dup, grad.size(), best_isa(), cols), "zenflow: a column is listed twice",
+                       std::invalid_argument);
   CHECK(acc == acc0);
 }

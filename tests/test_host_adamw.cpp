@@ -272,7 +272,24 @@ TEST_CASE("adamw: an empty block is a no-op that keeps its counts") {
 }
 
 TEST_CASE("adamw: a column list updates exactly those columns, as a full update would") {
-  const std::size_t rows = 37, cols = 50;
+  // A small list (run on one thread), and one of 40 columns of 1000 rows (40,000 elements: above
+  // the serial limit, so split among 2 and 4 threads, blocks starting mid-column; 1000 is not a
+  // multiple of any vector width).
+  struct shape {
+    std::size_t rows, cols;
+    std::vector<std::uint32_t> list;
+    int threads;
+  };
+  std::vector<shape> shapes = {{37, 50, {0, 3, 4, 17, 49, 20}, 2}};  // any order
+  for (int threads : {2, 4}) {
+    shape big{1000, 120, {}, threads};
+    for (int c = 119; c >= 2; c -= 3) big.list.push_back(std::uint32_t(c));  // 40 columns, descending
+    shapes.push_back(big);
+  }
+  for (const shape& sh : shapes) {
+  CAPTURE(sh.rows);
+  CAPTURE(sh.threads);
+  const std::size_t rows = sh.rows, cols = sh.cols;
   zf_test::rng r(77);
   std::vector<float> p0(rows * cols), m0(rows * cols), v0(rows * cols), g(rows * cols);
   for (std::size_t i = 0; i < p0.size(); ++i) {
@@ -283,10 +300,10 @@ TEST_CASE("adamw: a column list updates exactly those columns, as a full update 
   }
   std::vector<std::uint32_t> counts0(cols);
   for (auto& c : counts0) c = std::uint32_t(r.below(20));
-  const std::vector<std::uint32_t> list = {0, 3, 4, 17, 49, 20};  // any order
+  const std::vector<std::uint32_t>& list = sh.list;
   for (isa t : zf_test::available_tiers()) {
     CAPTURE(name_of(t));
-    tbb::task_arena arena{2};
+    tbb::task_arena arena{sh.threads};
     // full update of every column: the expected values of the listed ones
     auto pf = p0, mf = m0, vf = v0;
     auto cf = counts0;
@@ -316,6 +333,11 @@ TEST_CASE("adamw: a column list updates exactly those columns, as a full update 
       }
     }
   }
+  }
+  const std::size_t rows = 37, cols = 50;
+  zf_test::rng r(77);
+  std::vector<float> p0(rows * cols), m0(rows * cols), v0(rows * cols), g(rows * cols);
+  std::vector<std::uint32_t> counts0(cols);
   tbb::task_arena arena{1};
   std::vector<std::uint32_t> bad = {1, 50};
   adamw_job jb;
@@ -328,6 +350,15 @@ TEST_CASE("adamw: a column list updates exactly those columns, as a full update 
                        "zenflow: column index out of range", std::invalid_argument);
   CHECK_THROWS_WITH_AS(adamw(arena, jb, cols, cb.data()),
                        "zenflow: ncols must be given and <= cols with a column list", std::invalid_argument);
+  // a column listed twice (two threads would update it at once, and count it twice), in an
+  // unsorted list and a sorted one
+  for (const std::vector<std::uint32_t>& twice : {std::vector<std::uint32_t>{7, 3, 7}, std::vector<std::uint32_t>{2, 5, 5}}) {
+    jb.columns = twice.data();
+    CHECK_THROWS_WITH_AS(adamw(arena, jb, cols, cb.data(), best_isa(), twice.size()), "zenflow: a column is listed twice",
+                         std::invalid_argument);
+  }
+  CHECK(pb == p0);  // nothing was written
+  CHECK(cb == counts0);
   CHECK(pb == p0);
   CHECK(cb == counts0);
 }

@@ -187,6 +187,28 @@ TEST_CASE("nccl: reduce, reduce_scatter, all_gather and all_agree against the ra
   }
 }
 
+TEST_CASE("nccl: a call NCCL refuses inside a group closes the group, and the next collective runs" *
+          doctest::skip(!has_gpu())) {
+  // NCCL keeps its group per thread: a group left open by the error would take in the next
+  // call's sends and receives, which would then never run (the reduction's sum would read a
+  // receive buffer nothing was received into).
+  comms cs(1);
+  nccl_communicator c(cs.c[0]);
+  device_array<float> d(5);
+  std::vector<float> in = {1.5f, -2.0f, 3.25f, 0.5f, 7.0f}, out(5, 0.0f);
+  ZF_CUDA_TRY(cudaMemcpy(d.data(), in.data(), 4 * in.size(), cudaMemcpyHostToDevice));
+  c.reduce(d.data(), 5, reduce_op::sum);  // (the receive buffer is made here: the failing call allocates nothing)
+  CHECK_THROWS_AS(c.reduce(nullptr, 5, reduce_op::sum), std::runtime_error);  // a null buffer: refused by NCCL
+  // other values than the receive buffer holds from the first call
+  const std::vector<float> in2 = {-4.0f, 0.25f, 9.5f, -1.0f, 2.0f};
+  ZF_CUDA_TRY(cudaMemcpy(d.data(), in2.data(), 4 * in2.size(), cudaMemcpyHostToDevice));
+  c.reduce(d.data(), 5, reduce_op::sum);  // one rank: the sum of one is the input itself
+  ZF_CUDA_TRY(cudaStreamSynchronize(c.stream()));
+  ZF_CUDA_TRY(cudaMemcpy(out.data(), d.data(), 4 * out.size(), cudaMemcpyDeviceToHost));
+  CHECK(out == in2);
+  CHECK(c.all_agree(true));
+}
+
 TEST_CASE("nccl: R ranks on cuda_space equal one host-space process fed the reduced gradient" *
           doctest::skip(!has_gpu())) {
   const int steps = 13;  // selections at 1, 5, 9, 13 (3, 7, 11 after warm-up); boundaries every 2

@@ -247,6 +247,103 @@ TEST_CASE("bounded_async: a wait that rethrows a job's error still counts the ti
   CHECK(!s.busy());
 }
 
+TEST_CASE("bounded_async: a failed job's error is kept for its wait, not taken or overwritten by a new job") {
+  // A job launched while the last one's error waits would either have that error thrown at its
+  // own wait (a success reported as a failure) or, failing too, overwrite it (the first cause
+  // lost): the launch is refused instead, and the wait then throws the first error.
+  bounded_async s;
+  s.launch_offload([] { throw std::runtime_error("first offload failed"); });
+  CHECK_FALSE(s.wait_offload_quiet());  // done, its error held
+  CHECK_THROWS_WITH_AS(s.launch_offload([] { throw std::runtime_error("second"); }),
+                       doctest::Contains("failed and its error has not been waited for"), std::logic_error);
+  CHECK_THROWS_WITH(s.wait_offload(), "first offload failed");
+  s.launch_offload([] {});  // taken: a new job is accepted
+  CHECK_NOTHROW(s.wait_offload());
+  s.launch([] { throw std::runtime_error("update failed"); });
+  while (s.busy()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_THROWS_AS(s.launch([] {}), std::logic_error);
+  CHECK_THROWS_WITH(s.wait(), "update failed");
+  s.launch([] {});
+  CHECK_NOTHROW(s.wait());
+}
+
+TEST_CASE("synchronous: a job that throws still counts its time as stall") {
+  synchronous s;
+  CHECK_THROWS_WITH(s.launch([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    throw std::runtime_error("update failed");
+  }),
+                    "update failed");
+  CHECK(s.stall_seconds() > 0.04);  // (it slept 50 ms; the clock cannot run slow)
+}
+
+namespace {
+// host_copy whose transfers take 5 ms each more (the link), counted
+struct slow_link : host_copy {
+  inline static std::atomic<int> transfers{0};
+  static void pause() {
+    ++transfers;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  void to_host(void* d, const void* s, std::size_t n) {
+    pause();
+    host_copy::to_host(d, s, n);
+  }
+  void to_device(void* d, const void* s, std::size_t n) {
+    pause();
+    host_copy::to_device(d, s, n);
+  }
+  template <class Fill>
+  void fill_to_device(void* d, std::size_t n, Fill&& fill) {
+    pause();
+    host_copy::fill_to_device(d, n, std::forward<Fill>(fill));
+  }
+};
+}  // namespace
+
+TEST_CASE("warm-up and ZeRO-Offload count the same region as stall and host update: the host AdamW, not the transfers") {
+  // Over a link that takes 5 ms a transfer, the transfers are most of a warm-up step's time;
+  // stall_seconds and host_update_seconds are both the host AdamW's alone, in the warm-up as in
+  // zero_offload's synchronous update: equal to each other, and well under the link's time.
+  const std::size_t R = 64, C = 96;
+  auto run = [&](const config& cfg, int steps) {
+    std::vector<float> w(R * C, 0.5f), dw(R * C, 0.01f);
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, slow_link, synchronous> opt(cfg);
+    opt.add_matrix({w.data(), dw.data(), R, C});
+    opt.initialize();
+    slow_link::transfers = 0;
+    for (int t = 0; t < steps; ++t) opt.step();
+    return opt.stats();
+  };
+  config warm;
+  warm.topk_ratio = 0.1;
+  warm.full_warm_up_rounds = 3;
+  warm.overlap_step = false;
+  const optimizer_stats a = run(warm, 3);
+  const int warm_transfers = slow_link::transfers;
+  config zo = warm;
+  zo.topk_ratio = 0;
+  zo.full_warm_up_rounds = 0;
+  zo.update_interval = interval::every(1);
+  zo.select_interval = interval::every(1);
+  const optimizer_stats b = run(zo, 3);
+  const int zo_transfers = slow_link::transfers;
+  REQUIRE(a.host_updates == 3);
+  REQUIRE(b.host_updates == 3);
+  REQUIRE(warm_transfers >= 6);  // (each step: its gradients down, its params up)
+  REQUIRE(zo_transfers >= 6);
+  CHECK(a.host_update_seconds > 0);
+  // the warm-up: one clock reading pair per matrix, summed once in nanoseconds and once in
+  // seconds (at most 1 ns apart a step)
+  CHECK(std::abs(a.stall_seconds - a.host_update_seconds) < 1e-8);
+  // the link's 5 ms a transfer counted in neither (the AdamW of 6,144 elements takes well under
+  // 1 ms a step here; half the link's time leaves room for a slow machine)
+  CHECK(a.stall_seconds < 0.5 * 0.005 * warm_transfers);
+  CHECK(b.stall_seconds < 0.5 * 0.005 * zo_transfers);
+  // zero_offload's stall is its update job (the update and the job's own few instructions)
+  CHECK(b.stall_seconds >= b.host_update_seconds);
+}
+
 TEST_CASE("copy_params_synchronized: what synchronize() would show, without changing the run") {
   // Three identical overlapped runs: A reads its params "as synchronized" mid-window, B calls
   // synchronize() at the same point and reads its params, C does neither. A's copy equals B's

@@ -131,13 +131,13 @@ class nccl_communicator {
     const std::size_t m = at[me + 1] - at[me];
     float* pieces = pieces_for((n + R - 1) / R * R);  // (a bound of every rank's m R: see pieces_for)
     // every rank's piece of each shard to the shard's owner (mine to me too)
-    check(ncclGroupStart(), "ncclGroupStart");
+    nccl_group group(*this);
     for (std::size_t r = 0; r < R; ++r) {
       if (at[r + 1] > at[r])
         check(ncclSend(data + at[r], at[r + 1] - at[r], ncclFloat32, int(r), comm_, stream_), "ncclSend");
       if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
     sum_pieces(pieces, m, op, data + at[me]);
     broadcast_blocks(data, at.data(), ncclFloat32);
     sent_ += ((n - m) + m * (R - 1)) * sizeof(float);  // the others' pieces, then my shard to each
@@ -164,13 +164,13 @@ class nccl_communicator {
     float* pieces = pieces_for(std::min(P, longest) * R);  // (every rank's bound: see pieces_for)
     for (std::size_t off = 0; off < longest; off += P) {
       const std::size_t m = counts[me] > off ? std::min(P, counts[me] - off) : 0;
-      check(ncclGroupStart(), "ncclGroupStart");
+      nccl_group group(*this);
       for (std::size_t r = 0; r < R; ++r) {
         const std::size_t len = counts[r] > off ? std::min(P, counts[r] - off) : 0;
         if (len) check(ncclSend(data + at[r] + off, len, ncclFloat32, int(r), comm_, stream_), "ncclSend");
         if (m) check(ncclRecv(pieces + r * m, m, ncclFloat32, int(r), comm_, stream_), "ncclRecv");
       }
-      check(ncclGroupEnd(), "ncclGroupEnd");
+      group.end();
       sum_pieces(pieces, m, op, data + at[me] + off);
     }
     sent_ += (at[R] - counts[me]) * sizeof(float);  // every other rank's segment to its owner
@@ -197,15 +197,36 @@ class nccl_communicator {
   }
 
  private:
+  // An NCCL group around one collective's calls, closed on every way out: NCCL keeps the group
+  // per thread, so one left open by an error inside it (a send NCCL refuses) would swallow the
+  // thread's next NCCL calls, which would never run (a later vote would hang instead of fail).
+  class nccl_group {
+   public:
+    explicit nccl_group(const nccl_communicator& c) : c_(c) { c_.check(ncclGroupStart(), "ncclGroupStart"); }
+    nccl_group(const nccl_group&) = delete;
+    nccl_group& operator=(const nccl_group&) = delete;
+    void end() {
+      open_ = false;
+      c_.check(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    ~nccl_group() {
+      if (open_) ncclGroupEnd();  // (unwinding: the first error is the one thrown)
+    }
+
+   private:
+    const nccl_communicator& c_;
+    bool open_ = true;
+  };
+
   // Rank r's block [at[r], at[r + 1]) (elements of `type`) of data broadcast from r, in place.
   template <class T>
   void broadcast_blocks(T* data, const std::size_t* at, ncclDataType_t type) {
-    check(ncclGroupStart(), "ncclGroupStart");
+    nccl_group group(*this);
     for (int r = 0; r < size_; ++r) {
       const std::size_t len = at[r + 1] - at[r];
       if (len) check(ncclBroadcast(data + at[r], data + at[r], len, type, r, comm_, stream_), "ncclBroadcast");
     }
-    check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
   }
 
   // out[0, m) = the ranks' pieces (pieces + r * m) summed in rank order, on the stream

@@ -18,6 +18,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
@@ -37,7 +38,8 @@
 namespace zenflow::host {
 
 // Elements per scheduling block: a multiple of every vector width and of a 64-byte cache line,
-// so threads never share a written line. Below serial_below elements one thread is faster.
+// so threads never share a written line over a whole aligned array (a column list's blocks may
+// start mid-line: shared lines, the same bits). Below serial_below elements one thread is faster.
 inline constexpr std::size_t block_elems = 4096;
 inline constexpr std::size_t serial_below = std::size_t(1) << 15;
 
@@ -71,6 +73,17 @@ inline void check_buffer(const void* p, dtype t, const char* name) {
   if (reinterpret_cast<std::uintptr_t>(p) % size_of(t) != 0)
     fail(std::string(name) + " is not aligned to its element size (" +
          std::to_string(size_of(t)) + " bytes)");
+}
+
+// A column list naming a column twice would have two threads update it at once (and count it
+// twice): refused. Free for an ascending list (the optimizer's); another is sorted in a copy.
+inline void check_distinct(const std::uint32_t* cols, std::size_t n) {
+  bool ascending = true;
+  for (std::size_t c = 1; c < n && ascending; ++c) ascending = cols[c] > cols[c - 1];
+  if (ascending) return;
+  std::vector<std::uint32_t> sorted(cols, cols + n);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) fail("a column is listed twice");
 }
 
 struct extent {
@@ -162,8 +175,8 @@ inline const kernel_table& kernels(isa t) {
 
 // One AdamW step over a column-contiguous [cols][rows] block (a flat buffer: rows = n, cols = 1).
 // Column c uses Adam count counts[c] + 1 for its bias correction, and counts[c] is incremented.
-// With job.columns (a list of `ncols` distinct column indices < cols), only those columns are
-// updated; otherwise ncols = cols. Bad arguments throw std::invalid_argument before anything is
+// With job.columns (a list of `ncols` distinct column indices < cols, in any order; a repeated
+// one is refused), only those columns are updated; otherwise ncols = cols. Bad arguments throw std::invalid_argument before anything is
 // written. Empty blocks do nothing.
 inline void adamw(tbb::task_arena& arena, const adamw_job& job, std::size_t cols,
                   std::uint32_t* counts, isa tier = best_isa(), std::size_t ncols = ~std::size_t(0)) {
@@ -198,6 +211,7 @@ inline void adamw(tbb::task_arena& arena, const adamw_job& job, std::size_t cols
     if (column(c) >= cols) fail("column index out of range");
     if (counts[column(c)] == std::numeric_limits<std::uint32_t>::max()) fail("an Adam step count would overflow");
   }
+  if (job.columns) check_distinct(job.columns, ncols);
   adamw_job j = job;
   j.counts = counts;
   parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.adamw(j, b, e); });
@@ -215,6 +229,7 @@ inline void accumulate(tbb::task_arena& arena, const accumulate_job& job, std::s
     if (job.rows == 0 || n % job.rows != 0) fail("n must be a multiple of rows with a column list");
     for (std::size_t c = 0; c < n / job.rows; ++c)
       if (job.columns[c] >= cols) fail("column index out of range");
+    check_distinct(job.columns, n / job.rows);
   }
   const kernel_table& k = kernels(tier);
   check_dtype(job.grad_type, "grad");

@@ -40,6 +40,11 @@ class worker_lane {
   void launch(std::function<void()> job, const char* lane) {
     std::lock_guard lock(mu_);
     if (job_ || running_) throw std::logic_error(std::string("zenflow: bounded_async: a ") + lane + " job is already in flight");
+    // (a failed job's error is thrown by the next wait first: a new job neither takes it for
+    // its own nor overwrites it)
+    if (error_)
+      throw std::logic_error(std::string("zenflow: bounded_async: the last ") + lane +
+                             " job failed and its error has not been waited for");
     job_ = std::move(job);
     cv_.notify_all();
   }

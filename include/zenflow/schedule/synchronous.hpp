@@ -13,8 +13,12 @@ class synchronous {
   template <class Job>
   void launch(Job&& job) {
     const auto t0 = std::chrono::steady_clock::now();
+    struct count {  // (on a throw too, as bounded_async counts a wait that ends in an error)
+      double& stall;
+      std::chrono::steady_clock::time_point t0;
+      ~count() { stall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } counted{stall_, t0};
     std::forward<Job>(job)();
-    stall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void wait() noexcept {}
   // A step's offload, also inline (the optimizer's synchronous path does its offload itself).
