@@ -275,8 +275,15 @@ class file_writer : public typed_writes<file_writer> {
     ::flock(fileno(f_), LOCK_EX | LOCK_NB);  // (where locks fail, the clean-up cannot take one either)
 #endif
     const std::uint32_t head[4] = {version, byte_order, sections, 0};
-    raw(magic, 8);
-    raw(head, 16);
+    try {
+      raw(magic, 8);
+      raw(head, 16);
+    } catch (...) {  // (no destructor runs for a constructor that throws: its clean-up, here)
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+      live_temporaries::remove(tmp_);
+      throw;
+    }
   }
   file_writer(const file_writer&) = delete;
   file_writer& operator=(const file_writer&) = delete;
