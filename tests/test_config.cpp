@@ -43,10 +43,15 @@ TEST_CASE("config: each bad value is named with its allowed range") {
   expect_config_error(c, "zenflow config: select_interval must be a multiple of update_interval (4), got 6");
   c = {}; c.select_interval = interval::auto_();
   expect_config_error(c, "zenflow config: steps_per_epoch must be >= 1 when select_interval is \"auto\", got 0");
-  c = {}; c.select_interval = interval::auto_(); c.steps_per_epoch = 10;
-  expect_config_error(c, "zenflow config: select_interval must be a multiple of update_interval (4), got 10");
-  c = {}; c.auto_ratio = 0;
-  expect_config_error(c, "zenflow config: auto_ratio must be in (0, 1], got 0");
+  c = {}; c.select_interval = interval::auto_(); c.steps_per_epoch = 10;  // (the epoch's length is to change)
+  expect_config_error(c, "zenflow config: steps_per_epoch must be a multiple of update_interval (4) when select_interval "
+                         "is \"auto\", got 10");
+  c = {}; c.auto_ratio = -0.25;
+  expect_config_error(c, "zenflow config: auto_ratio must be in [0, 1], got -0.25");
+  c = {}; c.auto_ratio = 1.5;
+  expect_config_error(c, "zenflow config: auto_ratio must be in [0, 1], got 1.5");
+  c = {}; c.auto_ratio = 0;  // every step a boundary (DeepSpeed's range includes it)
+  CHECK_NOTHROW(c.validate());
   c = {}; c.adam.lr = -1;
   expect_config_error(c, "zenflow config: lr must be finite and >= 0, got -1");
   c = {}; c.adam.beta1 = 1;

@@ -4,6 +4,10 @@
 // random configurations.
 #include <doctest/doctest.h>
 
+#if defined(__linux__)
+#  include <sched.h>
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -151,12 +155,32 @@ TEST_CASE("config_from_json: each key sets its field, absent keys keep the base"
   c = config_from_json(R"({"update_interval": "auto", "select_interval": 7})");
   CHECK(c.update_interval == interval::auto_());
 
-  // pt_reserved_cores_perc: the share of cores left to training
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  c = config_from_json(R"({"pt_reserved_cores_perc": 0.25})");
-  CHECK(c.host_threads == unsigned(std::max(1.0, std::round(cores * 0.75))));
-  c = config_from_json(R"({"pt_reserved_cores_perc": 1})");
-  CHECK(c.host_threads == 1);  // never zero (zero would mean "all cores")
+  // pt_reserved_cores_perc: DeepSpeed's split of the n cores this process may use — the first
+  // ceil(p n) to training, the rest to the host update; all to both when a side would get none;
+  // only with overlap_step (written out here for the affinity mask's n)
+  unsigned n = std::max(1u, std::thread::hardware_concurrency());
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = unsigned(CPU_COUNT(&set));
+#endif
+  CAPTURE(n);
+  auto split = [&](double p) {
+    const auto training = unsigned(std::ceil(p * n));
+    return training == 0 || training >= n ? 0u : n - training;
+  };
+  for (const char* p : {"0", "0.25", "0.5", "0.75", "0.99", "1"}) {
+    CAPTURE(p);
+    c = config_from_json(std::string(R"({"overlap_step": true, "pt_reserved_cores_perc": )") + p + "}");
+    CHECK(c.host_threads == split(std::stod(p)));
+    c = config_from_json(std::string(R"({"pt_reserved_cores_perc": )") + p + R"(, "overlap_step": false})");
+    CHECK(c.host_threads == 0);  // no effect without overlap_step: all cores
+  }
+  if (n == 2) {  // (the CI machine's): known values
+    CHECK(config_from_json(R"({"pt_reserved_cores_perc": 0.5})").host_threads == 1);
+    CHECK(config_from_json(R"({"pt_reserved_cores_perc": 0.75})").host_threads == 0);
+  }
+  if (n >= 4) CHECK(config_from_json(R"({"pt_reserved_cores_perc": 0.25})").host_threads == n - (n + 3) / 4);
 }
 
 TEST_CASE("config_from_json: named parameter groups") {
@@ -257,7 +281,22 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   expect_json_error(R"({"host_threads": 2, "pt_reserved_cores_perc": 0.5})",
                     "zenflow config: host_threads and pt_reserved_cores_perc are exclusive; give one");
   expect_json_error(R"({"pt_reserved_cores_perc": 1.5})", "zenflow config: pt_reserved_cores_perc must be in [0, 1], got 1.5");
-  expect_json_error(R"({"auto_ratio": 0})", "zenflow config: auto_ratio must be in (0, 1], got 0");
+  expect_json_error(R"({"auto_ratio": -0.5})", "zenflow config: auto_ratio must be in [0, 1], got -0.5");
+  CHECK(config_from_json(R"({"auto_ratio": 0})").auto_ratio == 0.0);
+  // the epoch strategy's interval, in steps, not a multiple of U: the message says where it came from
+  {
+    config base;
+    base.steps_per_epoch = 10;
+    CHECK_THROWS_WITH_AS(config_from_json(R"({"select_strategy": "epoch", "select_interval": 3})", base),
+                         "zenflow config: select_interval (3 epochs of steps_per_epoch 10 = 30 steps) must be a multiple "
+                         "of update_interval (4)",
+                         config_error);
+    base.steps_per_epoch = 1001;  // the tutorial's block with a loader of 1001 batches
+    CHECK_THROWS_WITH_AS(
+        config_from_json(R"({"select_strategy": "auto", "select_interval": "auto", "update_interval": 4})", base),
+        "zenflow config: steps_per_epoch must be a multiple of update_interval (4) when select_interval is \"auto\", got 1001",
+        config_error);
+  }
   expect_json_error(R"({"topk_ratio": 0.1,})", "zenflow config: invalid JSON: line 1 column 20: expected a member name in double quotes");
   expect_json_error(R"({"param_groups": []})", "zenflow config: param_groups must be an object, got an array (line 1)");
   expect_json_error(R"({"param_groups": {"a": 1}})", "zenflow config: param_groups.a must be an object, got a number 1 (line 1)");
@@ -301,6 +340,15 @@ TEST_CASE("config_from_deepspeed_json: the block, the optimizer and clipping") {
   const config classic = config_from_deepspeed_json(
       R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}, "zero_optimization": {"zenflow": {}}})");
   CHECK(classic.adam.mode == adam_mode::classic);
+  // "AdamW" is AdamW whatever adam_w_mode says, as in DeepSpeed (type AdamW, or the flag)
+  CHECK(config_from_deepspeed_json(
+            R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}, "zero_optimization": {"zenflow": {}}})")
+            .adam.mode == adam_mode::adamw);
+  // and a classic config is written as DeepSpeed reads classic Adam: "Adam" with the flag off
+  const std::string doc = to_json(classic);
+  CHECK(doc.find(R"("type": "Adam")") != std::string::npos);
+  CHECK(doc.find(R"("adam_w_mode": false)") != std::string::npos);
+  CHECK(config_from_deepspeed_json(doc) == classic);
 
   auto expect_ds_error = [](const std::string& text, const std::string& msg) {
     CAPTURE(text);

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unistd.h>
 #include <stdexcept>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -57,12 +58,14 @@ ZeRO-Offload each fine-tune it on another, from the same weights on the same bat
   --help               this text
 Every optimizer trains the same model from the same weights on the same batches. One
 512-character block in ten of each text is held out for validation; the final validation loss
-is measured on every held-out position, the curves on 1024 of them (from scratch: the last 10%
+is measured on every held-out position with a full context but the last, the curves on 1024 of
+them (from scratch: the last 10%
 is held out, and the final loss measured on 2048 positions of it, as first published).
 Progress goes to stderr: one line updated in place on a terminal, a line every tenth of a run
 otherwise.)";
 
-long parse_int(const std::string& flag, const std::string& v, long lo) {
+// An integer in [lo, hi] (by default what an int holds: the counts are ints), else a clear error.
+long parse_int(const std::string& flag, const std::string& v, long lo, long hi = std::numeric_limits<int>::max()) {
   std::size_t used = 0;
   long x = 0;
   try {
@@ -70,7 +73,9 @@ long parse_int(const std::string& flag, const std::string& v, long lo) {
   } catch (...) {
     used = 0;
   }
-  if (used != v.size() || x < lo) throw std::invalid_argument(flag + " expects an integer >= " + std::to_string(lo) + ", got '" + v + "'");
+  if (used != v.size() || x < lo || x > hi)
+    throw std::invalid_argument(flag + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                "], got '" + v + "'");
   return x;
 }
 double parse_real(const std::string& flag, const std::string& v, double lo, double hi) {
@@ -311,6 +316,8 @@ int run_ablation(char_lm::options o, const std::vector<std::uint64_t>& seeds, bo
     o.optimizers.insert(o.optimizers.begin(), "adamw");  // the reference of every comparison
   for (const auto& v : o.optimizers) char_lm::parse_spec(v, o);  // every variant checked first
   const char_lm::corpora cs = char_lm::load_corpora(o.texts, o.finetune_texts);
+  char_lm::check_context(cs.pretrain, o.context);
+  char_lm::check_context(cs.finetune, o.context);
   std::vector<ablation_row> rows;
   for (const std::uint64_t seed : seeds) {
     o.seed = seed;
@@ -393,15 +400,16 @@ int main(int argc, char** argv) try {
     else if (a == "--lr") o.lr = float(parse_real(a, v, 0, 1));
     else if (a == "--topk") o.topk = parse_real(a, v, 0, 1);
     else if (a == "--update-interval") o.update_interval = unsigned(parse_int(a, v, 1));
-    else if (a == "--threads") o.threads = unsigned(parse_int(a, v, 1));
-    else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, v, 0));
+    else if (a == "--threads") o.threads = unsigned(parse_int(a, v, 1, 65536));  // (host_threads' bound)
+    else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, v, 0, std::numeric_limits<long>::max()));
     else if (a == "--eval-every") {
       o.eval_every = int(parse_int(a, v, 1));
       eval_given = true;
     } else if (a == "--seeds") {
       seeds.clear();
       std::stringstream ss(v);
-      for (std::string item; std::getline(ss, item, ',');) seeds.push_back(std::uint64_t(parse_int(a, item, 0)));
+      for (std::string item; std::getline(ss, item, ',');)
+        seeds.push_back(std::uint64_t(parse_int(a, item, 0, std::numeric_limits<long>::max())));
       if (seeds.empty()) throw std::invalid_argument("--seeds expects a comma-separated list of seeds");
     }
     else if (a == "--out") out = v;
@@ -458,11 +466,14 @@ int main(int argc, char** argv) try {
   };
   if (o.from_scratch) {
     c = char_lm::load_corpus(o.texts);
+    char_lm::check_context(c, o.context);
     describe("text", c);
     header(c);
     runs = char_lm::run_all(c, o, announce);
   } else {
     const char_lm::corpora cs = char_lm::load_corpora(o.texts, o.finetune_texts);
+    char_lm::check_context(cs.pretrain, o.context);
+    char_lm::check_context(cs.finetune, o.context);
     describe("pretraining text", cs.pretrain);
     describe("fine-tuning text", cs.finetune);
     std::printf("pretraining: AdamW, %d steps\n", o.pretrain_steps);

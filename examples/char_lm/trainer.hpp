@@ -159,6 +159,15 @@ inline corpora load_corpora(const std::vector<std::string>& pretrain_texts, cons
   return {make_corpus(pb, alphabet, pf.size(), holdout::blocks), make_corpus(fb, alphabet, ff.size(), holdout::blocks)};
 }
 
+// A context that fits the corpus: a training example and a held-out one each need context + 1
+// characters (checked before any model is built).
+inline void check_context(const corpus& c, std::size_t context) {
+  if (c.train.size() < context + 3 || c.valid.size() < context + 2)
+    throw std::invalid_argument("the text has " + std::to_string(c.train.size()) + " training and " +
+                                std::to_string(c.valid.size()) + " held-out characters: too few for a context of " +
+                                std::to_string(context) + " (--context)");
+}
+
 struct curve_point {
   int step;
   double train, valid;
@@ -178,6 +187,10 @@ struct run_result {
 // Evenly spaced prediction positions of a text (count 0: all of them).
 inline std::vector<std::size_t> eval_positions(const std::vector<std::uint8_t>& text, std::size_t context,
                                                std::size_t count) {
+  if (text.size() < context + 2)
+    throw std::invalid_argument("the held-out text has " + std::to_string(text.size()) +
+                                " characters: too few for a context of " + std::to_string(context) +
+                                " (--context) and a character to predict");
   const std::size_t span = text.size() - context - 1;
   count = count == 0 ? span : std::min(count, span);
   std::vector<std::size_t> pos(count);
@@ -215,6 +228,9 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
   r.name = name;
   // the same batches for every optimizer; per rank its own
   std::mt19937_64 gen(o.seed ^ 0x9e3779b97f4a7c15ull ^ (std::uint64_t(o.rank) * 0xd1b54a32d192ed03ull));
+  if (c.train.size() < o.context + 3)
+    throw std::invalid_argument("the training text has " + std::to_string(c.train.size()) +
+                                " characters: too few for a context of " + std::to_string(o.context) + " (--context)");
   std::uniform_int_distribution<std::size_t> at(0, c.train.size() - o.context - 2);
   const auto valid_pos = eval_positions(c.valid, o.context, o.eval_positions);
   const auto final_pos = eval_positions(c.valid, o.context, o.final_positions);

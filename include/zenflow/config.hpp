@@ -14,6 +14,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#  include <sched.h>
+#endif
+
 #include "adamw.hpp"
 #include "detail/format.hpp"
 #include "detail/json.hpp"
@@ -128,10 +132,15 @@ struct config {
     if (select_interval.automatic && steps_per_epoch < 1)
       bad("steps_per_epoch", "must be >= 1 when select_interval is \"auto\"", std::to_string(steps_per_epoch));
     const std::uint32_t s = select_interval.automatic ? steps_per_epoch : select_interval.steps;
-    if (!update_interval.automatic && s % update_interval.steps != 0)
-      bad("select_interval", "must be a multiple of update_interval (" +
-                                 std::to_string(update_interval.steps) + ")", std::to_string(s));
-    if (!(auto_ratio > 0.0 && auto_ratio <= 1.0)) bad("auto_ratio", "must be in (0, 1]", num(auto_ratio));
+    if (!update_interval.automatic && s % update_interval.steps != 0) {
+      const std::string u = std::to_string(update_interval.steps);
+      if (select_interval.automatic)  // (the interval is the epoch: its length is what to change)
+        bad("steps_per_epoch", "must be a multiple of update_interval (" + u + ") when select_interval is \"auto\"",
+            std::to_string(s));
+      bad("select_interval", "must be a multiple of update_interval (" + u + ")", std::to_string(s));
+    }
+    // (0: every step a boundary, as in DeepSpeed, whose range this is)
+    if (!(auto_ratio >= 0.0 && auto_ratio <= 1.0)) bad("auto_ratio", "must be in [0, 1]", num(auto_ratio));
     if (score != score_kind::l1 && score != score_kind::l2sq) bad("score", "must be l1 or l2sq", "?");
     if (reselect_moments != reselect_policy::keep && reselect_moments != reselect_policy::reset)
       bad("reselect_moments", "must be keep or reset", "?");
@@ -209,7 +218,7 @@ struct config {
 //   update_interval       integer >= 1, or "auto"
 //   full_warm_up_rounds   integer >= 0
 //   overlap_step          boolean
-//   auto_ratio            number in (0, 1]
+//   auto_ratio            number in [0, 1]
 //   steps_per_epoch       integer >= 0 (>= 1 needed by select_interval "auto" and strategy "epoch")
 //   offload               false only (device moments in host memory are not supported)
 //   pt_reserved_cores_perc number in [0, 1]: host_threads = max(1, round(cores * (1 - p)))
@@ -261,6 +270,20 @@ inline json::value json_parse(std::string_view text) {
   } catch (const json::parse_error& e) {
     throw config_error(std::string("zenflow config: invalid JSON: ") + e.what());
   }
+}
+
+// The cores this process may run on (its affinity mask where the system has one; else every
+// core the system reports).
+inline unsigned available_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return unsigned(n);
+  }
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // Applies a "zenflow" block (an object) to c; `where` prefixes key names in messages.
@@ -351,8 +374,16 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   if (reserved) {
     const double p = json_number(*reserved, key("pt_reserved_cores_perc"));
     if (!(p >= 0.0 && p <= 1.0)) json_bad(key("pt_reserved_cores_perc"), "must be in [0, 1], got " + reserved->text);
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    c.host_threads = unsigned(std::max(1.0, std::round(double(cores) * (1.0 - p))));
+    // DeepSpeed's split of the cores this process may run on: the first ceil(p n) to training,
+    // the rest to the optimizer; when that leaves either side none, both get all. It applies
+    // with overlap_step only (without, DeepSpeed's optimizer runs in the training process).
+    const bool overlap = [&] {
+      const json::value* o = block.find("overlap_step");
+      return o ? json_expect(*o, json::kind::boolean, key("overlap_step")).boolean : c.overlap_step;
+    }();
+    const unsigned n = available_cores();
+    const auto training = unsigned(std::ceil(p * double(n)));
+    c.host_threads = !overlap || training == 0 || training >= n ? 0u : n - training;
   }
   // Selection: strategy x interval (DeepSpeed's combinations; S = 0, "select once", has no
   // equivalent and is refused by validate()).
@@ -383,6 +414,11 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
         if (c.steps_per_epoch < 1) json_bad(key("steps_per_epoch"), "must be >= 1 with select_strategy \"epoch\"");
         const std::uint64_t s = std::uint64_t(n) * c.steps_per_epoch;
         if (s > 4294967295u) json_bad(key("select_interval"), "* steps_per_epoch overflows 32 bits");
+        if (!c.update_interval.automatic && c.update_interval.steps > 0 && s % c.update_interval.steps != 0)
+          json_bad(key("select_interval"), "(" + std::to_string(n) + " epochs of steps_per_epoch " +
+                                               std::to_string(c.steps_per_epoch) + " = " + std::to_string(s) +
+                                               " steps) must be a multiple of update_interval (" +
+                                               std::to_string(c.update_interval.steps) + ")");
         c.select_interval = interval::every(std::uint32_t(s));
       }
     }
@@ -410,13 +446,15 @@ inline config config_from_deepspeed_json(std::string_view text, config base = {}
   detail::apply_zenflow_block(c, *block, "zero_optimization.zenflow");
   if (const auto* opt = doc.find("optimizer")) {
     detail::json_expect(*opt, kind::object, "optimizer");
-    bool adamw = true;
+    bool adamw = true, type_adamw = false;
     if (const auto* type = opt->find("type")) {
       std::string t = detail::json_string(*type, "optimizer.type");
       for (auto& ch : t) ch = char(std::tolower(static_cast<unsigned char>(ch)));
       if (t != "adam" && t != "adamw")
         detail::json_bad("optimizer.type", "must be \"Adam\" or \"AdamW\" (ZenFlow's update is Adam), got \"" + type->text + "\"");
-      // DeepSpeed's "Adam" defaults to adam_w_mode = true, like "AdamW"; params may turn it off
+      // DeepSpeed's "Adam" defaults to adam_w_mode = true, like "AdamW"; its params may turn it
+      // off, but "AdamW" stays AdamW whatever they say (DeepSpeed: type is AdamW or adam_w_mode)
+      type_adamw = t == "adamw";
     }
     if (const auto* params = opt->find("params")) {
       detail::json_expect(*params, kind::object, "optimizer.params");
@@ -445,7 +483,7 @@ inline config config_from_deepspeed_json(std::string_view text, config base = {}
       if ((v = params->find("bias_correction")) && !detail::json_expect(*v, kind::boolean, "optimizer.params.bias_correction").boolean)
         detail::json_bad("optimizer.params.bias_correction", "= false is not supported");
     }
-    c.adam.mode = adamw ? adam_mode::adamw : adam_mode::classic;
+    c.adam.mode = adamw || type_adamw ? adam_mode::adamw : adam_mode::classic;
   }
   if (const auto* clip = doc.find("gradient_clipping")) c.max_grad_norm = detail::json_number(*clip, "gradient_clipping");
   // errors name the keys of this document; a value that fp32 rounded says so
@@ -480,7 +518,9 @@ inline std::string to_json(const config& c) {
     return std::string(buf);
   };
   auto iv = [](const interval& i) { return i.automatic ? std::string("\"auto\"") : std::to_string(i.steps); };
-  std::string s = "{\n  \"optimizer\": {\"type\": \"AdamW\", \"params\": {";
+  // (classic Adam is "Adam" with adam_w_mode false: "AdamW" is AdamW whatever the flag says)
+  std::string s = std::string("{\n  \"optimizer\": {\"type\": ") +
+                  (c.adam.mode == adam_mode::adamw ? "\"AdamW\"" : "\"Adam\"") + ", \"params\": {";
   s += "\"lr\": " + num(c.adam.lr) + ", \"betas\": [" + num(c.adam.beta1) + ", " + num(c.adam.beta2) + "], ";
   s += "\"eps\": " + num(c.adam.eps) + ", \"weight_decay\": " + num(c.adam.weight_decay) + ", ";
   s += std::string("\"adam_w_mode\": ") + (c.adam.mode == adam_mode::adamw ? "true" : "false") + "}},\n";
