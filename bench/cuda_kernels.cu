@@ -30,7 +30,11 @@
 
 #include <zenflow/cuda.hpp>
 
+#include "cuda_timer.hpp"
+
 using namespace zenflow;
+using zf_bench::median;
+using zf_bench::timer;
 
 namespace {
 
@@ -43,33 +47,6 @@ __global__ void fill_scores(double* s, std::size_t n, std::uint64_t seed) {
   x ^= x >> 29;
   s[i] = double(x >> 11) * 0x1p-53;
 }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-struct timer {
-  cudaEvent_t a, b;
-  timer() {
-    ZF_CUDA_TRY(cudaEventCreate(&a));
-    ZF_CUDA_TRY(cudaEventCreate(&b));
-  }
-  ~timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  template <class F>
-  double seconds(cudaStream_t s, F&& f) {
-    ZF_CUDA_TRY(cudaEventRecord(a, s));
-    f();
-    ZF_CUDA_TRY(cudaEventRecord(b, s));
-    ZF_CUDA_TRY(cudaEventSynchronize(b));
-    float ms = 0;
-    ZF_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-    return ms * 1e-3;
-  }
-};
 
 // Median seconds of `work` and of a device-to-device copy moving `copy_bytes` (read + write),
 // alternated.

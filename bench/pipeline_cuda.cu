@@ -30,6 +30,7 @@
 
 #include <zenflow/cuda.hpp>
 
+#include "cuda_timer.hpp"
 #include "pipeline_common.hpp"
 #include "pipeline_twin.hpp"
 
@@ -100,17 +101,9 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   for (int i = 0; i < warm; ++i) one();
   ZF_CUDA_TRY(cudaStreamSynchronize(s));
   // the gradient fill's own time, charged to compute
-  cudaEvent_t a, b;
-  ZF_CUDA_TRY(cudaEventCreate(&a));
-  ZF_CUDA_TRY(cudaEventCreate(&b));
-  ZF_CUDA_TRY(cudaEventRecord(a, s));
-  for (auto& [p, rn] : gm.grads) fill_grads<<<1024, 256, 0, s>>>(p, rn.first, rn.second, ++seed);
-  ZF_CUDA_TRY(cudaEventRecord(b, s));
-  ZF_CUDA_TRY(cudaEventSynchronize(b));
-  float fill_ms = 0;
-  ZF_CUDA_TRY(cudaEventElapsedTime(&fill_ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const double fill_s = timer().seconds(s, [&] {
+    for (auto& [p, rn] : gm.grads) fill_grads<<<1024, 256, 0, s>>>(p, rn.first, rn.second, ++seed);
+  });
   const auto st0 = opt.stats();
   const auto t0 = clock_type::now();
   result r;
@@ -119,7 +112,7 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
   const auto st = opt.stats();
   r.step_s = wall / steps;
-  r.device_work_s = fill_ms * 1e-3;
+  r.device_work_s = fill_s;
   r.stall_s = std::max(0.0, r.step_s - compute_s - r.device_work_s);
   r.host_update_s = (st.host_update_seconds - st0.host_update_seconds) / steps;
   r.d2h_bytes = double(st.bytes_to_host - st0.bytes_to_host) / steps;
@@ -146,25 +139,11 @@ link_calibration measure_link(cudaStream_t s) {
   ZF_CUDA_TRY(cudaMalloc(&dev2, big));
   std::memset(host, 1, big);
   ZF_CUDA_TRY(cudaMemset(dev, 2, big));
-  cudaEvent_t a, b;
-  ZF_CUDA_TRY(cudaEventCreate(&a));
-  ZF_CUDA_TRY(cudaEventCreate(&b));
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
+  timer events;
   auto gpu_seconds = [&](auto&& enqueue, int reps) {  // the median of reps timed enqueues
     std::vector<double> t;
     enqueue();  // warm
-    for (int r = 0; r < reps; ++r) {
-      ZF_CUDA_TRY(cudaEventRecord(a, s));
-      enqueue();
-      ZF_CUDA_TRY(cudaEventRecord(b, s));
-      ZF_CUDA_TRY(cudaEventSynchronize(b));
-      float ms = 0;
-      ZF_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms * 1e-3);
-    }
+    for (int r = 0; r < reps; ++r) t.push_back(events.seconds(s, enqueue));
     return median(t);
   };
   link_calibration c;
@@ -183,8 +162,6 @@ link_calibration measure_link(cudaStream_t s) {
   }
   const double gbps = 0.5 * (c.to_host_gbps + c.to_device_gbps);
   c.latency_us = std::max(0.0, median(waits) - double(small) / (gbps * 1e9)) * 1e6;
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   return c;
 }
 
