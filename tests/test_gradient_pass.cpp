@@ -166,3 +166,47 @@ TEST_CASE("gradient pass: the host space follows the canonical order exactly") {
   }
   CHECK(differs > 0);  // the order matters: on these inputs another order gives other bits
 }
+
+TEST_CASE("gradient pass: a non-finite value marks its column (or chunk) wherever it sits") {
+  // The pass reads a column in whole rounds of 32 rows and then the rest, with the finite flag
+  // taken once a round: a NaN or an infinity anywhere (first, last or middle of a round, in
+  // the rest) must mark exactly its own column, in both layouts, and the summary not finite.
+  const std::size_t rows = 70, cols = 3;  // two whole rounds and 6 rows more
+  const float bad_values[] = {std::nanf(""), INFINITY, -INFINITY};
+  for (const matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major})
+    for (const std::size_t at : {0, 1, 31, 32, 63, 64, 69})
+      for (const float v : bad_values) {
+        CAPTURE(at);
+        CAPTURE(v);
+        std::vector<float> g(rows * cols, 0.5f);
+        g[element_offset(layout, rows, cols, at, 1)] = v;
+        host_space hs(1);
+        fused_adamw<host_space> u;
+        u.add_matrix({nullptr, g.data(), rows, cols, dtype::f32, dtype::f32, layout}, 1);
+        u.allocate();
+        CHECK_FALSE(u.gradient_pass(hs, false).finite);
+        CHECK(u.column_bad(0)[0] == 0);
+        CHECK(u.column_bad(0)[1] == 1);
+        CHECK(u.column_bad(0)[2] == 0);
+      }
+  // a vector: its chunks are summed like columns
+  const std::size_t chunk = fused_adamw<host_space>::vector_chunk, n = chunk + 40;
+  for (const std::size_t at : {std::size_t(0), std::size_t(31), chunk - 1, chunk, chunk + 32, n - 1}) {
+    CAPTURE(at);
+    std::vector<float> g(n, 0.5f);
+    g[at] = std::nanf("");
+    host_space hs(1);
+    fused_adamw<host_space> u;
+    u.add_vector({nullptr, g.data(), n, dtype::f32, dtype::f32});
+    u.allocate();
+    CHECK_FALSE(u.gradient_pass(hs, false).finite);
+  }
+  // and all finite: finite
+  std::vector<float> g(rows * cols, 0.5f);
+  host_space hs(1);
+  fused_adamw<host_space> u;
+  u.add_matrix({nullptr, g.data(), rows, cols, dtype::f32, dtype::f32, matrix_layout::column_contiguous}, 1);
+  u.allocate();
+  CHECK(u.gradient_pass(hs, false).finite);
+  CHECK(u.column_bad(0)[1] == 0);
+}
