@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "../examples/char_lm/trainer.hpp"
@@ -146,4 +147,75 @@ TEST_CASE("char_lm: the fine-tuning corpora hold out one 512-character block in 
   const auto tail = char_lm::make_corpus(bytes, alphabet, 1, char_lm::holdout::tail);
   CHECK(tail.valid.size() == bytes.size() / 10);  // the from-scratch split: the last tenth
   CHECK(alphabet[tail.valid.front()] == bytes[bytes.size() - bytes.size() / 10]);
+}
+
+namespace {
+// The dense layers as plain loops, one output element at a time (the reference the tiled
+// kernels of model.hpp must match bit for bit: each element is the same serial sum).
+void plain_dense(const char_lm::layer& l, const float* x, float* y, std::size_t n) {
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t r = 0; r < l.out; ++r) {
+      float s = l.b[r];
+      for (std::size_t c = 0; c < l.in; ++c) s += x[b * l.in + c] * l.w[c * l.out + r];
+      y[b * l.out + r] = s;
+    }
+}
+void plain_dx(const char_lm::layer& l, const float* dy, float* dx, std::size_t n) {
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t c = 0; c < l.in; ++c) {
+      float s = 0;
+      for (std::size_t r = 0; r < l.out; ++r) s += l.w[c * l.out + r] * dy[b * l.out + r];
+      dx[b * l.in + c] = s;
+    }
+}
+}  // namespace
+
+TEST_CASE("char_lm: the tiled dense layers give the plain loops' bits, at any size and thread count") {
+  // Shapes around the tiles (4 rows forward; 8 rows by 4 inputs for dx): whole tiles, partial
+  // ones, fewer rows than a tile. Values of many magnitudes, so that another summation order
+  // would round differently (checked: summing dx's outputs in reverse fails this test).
+  zf_test::rng r(11);
+  const std::size_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {4, 8, 16}, {5, 33, 9}, {8, 4, 64}, {9, 13, 100}, {33, 70, 31}};
+  for (const auto& sh : shapes)
+    for (const int threads : {1, 2}) {
+      const std::size_t n = sh[0], in = sh[1], out = sh[2];
+      CAPTURE(n);
+      CAPTURE(in);
+      CAPTURE(out);
+      char_lm::layer l(in, out);
+      auto fill = [&](std::vector<float>& v) {
+        for (auto& e : v) e = r.spread(-8, 8);
+      };
+      fill(l.w);
+      fill(l.b);
+      std::vector<float> x(n * in), dy(n * out);
+      fill(x);
+      fill(dy);
+      for (std::size_t i = 0; i < x.size(); i += 3) x[i] = 0.0f;  // (dW skips zero inputs)
+      std::vector<float> y(n * out), want_y(n * out), dx(n * in), want_dx(n * in);
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        char_lm::detail::dense(l, x.data(), y.data(), n);
+        char_lm::detail::dense_back(l, x.data(), dy.data(), dx.data(), n);
+      });
+      plain_dense(l, x.data(), want_y.data(), n);
+      plain_dx(l, dy.data(), want_dx.data(), n);
+      CHECK(std::memcmp(y.data(), want_y.data(), y.size() * 4) == 0);
+      CHECK(std::memcmp(dx.data(), want_dx.data(), dx.size() * 4) == 0);
+      // dW and db: serial sums over the batch rows
+      bool dw_same = true, db_same = true;
+      for (std::size_t c = 0; c < in; ++c)
+        for (std::size_t o = 0; o < out; ++o) {
+          float s = 0;
+          for (std::size_t b = 0; b < n; ++b) s += x[b * in + c] * dy[b * out + o];
+          dw_same = dw_same && std::memcmp(&s, &l.dw[c * out + o], 4) == 0;
+        }
+      for (std::size_t o = 0; o < out; ++o) {
+        float s = 0;
+        for (std::size_t b = 0; b < n; ++b) s += dy[b * out + o];
+        db_same = db_same && std::memcmp(&s, &l.db[o], 4) == 0;
+      }
+      CHECK(dw_same);
+      CHECK(db_same);
+    }
 }
