@@ -536,6 +536,44 @@ TEST_CASE("data parallel: a communicator on the space's device memory (staged co
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("data parallel: initialize() sizes the communicator's buffers, and a step allocates none") {
+  // A growth refused inside a step's reduction would leave some gradients reduced in place and
+  // others not. initialize() reserves the receive buffers for the largest round; the steps after
+  // it (selections, boundaries, with the reduce-scatter, staged through the gather space, and
+  // with the all-reduce) must not grow them. One rank: no collective, no buffer.
+  const gradient_source src;
+  auto check_steps = [&](auto& opt, const char* name) {
+    CAPTURE(name);
+    model m;
+    m.add_to(opt);
+    opt.initialize();
+    const std::size_t after_init = opt.communicator().bytes_allocated();
+    if (ranks() > 1) CHECK(after_init > 0);
+    else CHECK(after_init == 0);
+    for (int s = 0; s < 9; ++s) {  // (U = 2, select interval 4 in test_config: boundaries and reselections)
+      src.local_grads(m, s);
+      opt.step();
+    }
+    opt.synchronize();
+    CHECK(opt.communicator().bytes_allocated() == after_init);
+  };
+  const config cfg = test_config(true);
+  {
+    dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+    check_steps(opt, "reduce-scatter");
+  }
+  {
+    staged_optimizer opt(cfg, staged_mpi(MPI_COMM_WORLD));
+    check_steps(opt, "staged, rounds of 100");
+  }
+  {
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+              mpi_allreduce_communicator>
+        opt(cfg, mpi_allreduce_communicator(MPI_COMM_WORLD));
+    check_steps(opt, "all-reduce");
+  }
+}
+
 TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient, with the same state") {
   // The other reduction: every grad buffer replaced by the whole reduced gradient (checked after
   // every step against the reference's), each rank sending the others' pieces of every gradient
@@ -1428,6 +1466,21 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
     dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
     m.add_to(opt);
     CHECK(initialize_error(opt).first.empty());
+  }
+  {  // a rank whose transport uploads ahead where the others' does not: a boundary would gather
+     // other things on it (the others would wait in a vote it never joins)
+    model m;
+    dp_optimizer opt(base, mpi_communicator(MPI_COMM_WORLD));
+    opt.transport().upload_ahead(odd);
+    m.add_to(opt);
+    const std::string what = initialize_error(opt).first;
+    if (ranks() == 1) {
+      CHECK(what.empty());
+    } else {
+      CHECK(what.find("transports differ: " + them + " uploads ahead, rank 0 does not") != std::string::npos);
+      CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
+      CHECK(!opt.initialized());
+    }
   }
   // A rank built with another communicator type, which would cut the reduction differently and
   // meet the others' collectives with other sizes: one whose rounds are shorter, one that

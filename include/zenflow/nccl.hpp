@@ -238,6 +238,16 @@ class nccl_communicator {
     ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
   }
 
+  // See communicator_policy (the optional member): the receive buffer any later reduce or
+  // reduce_scatter of at most `round` elements in all needs (reduce: ceil(round / R) from every
+  // rank; reduce_scatter: at most twice that), allocated now — a collective, voted on. The
+  // optimizer calls it from initialize(), so that its steps allocate nothing here.
+  void reserve(std::size_t round) {
+    if (round == 0) return;
+    const std::size_t R = std::size_t(size_);
+    pieces_for(2 * ((round + R - 1) / R) * R);
+  }
+
   // The receive buffer, grown to n elements, n a bound every rank computes alike from the call's
   // arguments (the same on every rank), so that the ranks grow at the same calls — and vote on
   // it there: a rank whose device cannot allocate it throws its error and the others throw too,

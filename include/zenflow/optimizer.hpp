@@ -226,6 +226,9 @@ class optimizer {
         }
         try {
           check_ranks_match();
+          // the communicator's buffers for the step's reduction rounds, now (a collective, voted
+          // on): a growth inside a step, refused, would leave some gradients reduced in place
+          if constexpr (requires { comm_.reserve(std::size_t{}); }) comm_.reserve(reduce_buf_.size());
         } catch (...) {
           unbuild();
           throw;
@@ -1555,6 +1558,10 @@ class optimizer {
   // gathered onto every rank; where the digests differ, the registrations themselves are
   // gathered next, to name the tensor. Every rank sees the same bytes, so every rank reaches the
   // same verdict (and the same collectives). Its bytes are not a step's: not in bytes_reduced.
+  bool uploads_ahead_set() const noexcept {
+    if constexpr (ahead_transport<Transport>) return transport_.uploads_ahead();
+    else return false;
+  }
   void check_ranks_match() {
     using ckpt_io = detail::optimizer_checkpoint<optimizer>;
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
@@ -1582,17 +1589,18 @@ class optimizer {
         tensors.put(p.weight_decay_scale);
       }
       csize = conf.data().size();
-      per = csize + 40;
+      per = csize + 48;
       all.resize(per * R);
       {
         unsigned char* at = all.data() + per * me;
         std::memcpy(at, conf.data().data(), csize);
         // (and how the communicator reduces: its largest round, and whether the matrices'
         // gradients are reduce-scattered — a rank built with another communicator type would cut
-        // the reduction differently and meet the others' collectives with other sizes)
-        const std::uint64_t tail[5] = {matrices_.size(), vectors_.size(),
+        // the reduction differently and meet the others' collectives with other sizes; and
+        // whether the transport uploads ahead: a boundary then gathers other things)
+        const std::uint64_t tail[6] = {matrices_.size(), vectors_.size(),
                                        ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round(),
-                                       sharded_reduction ? 1u : 0u};
+                                       sharded_reduction ? 1u : 0u, uploads_ahead_set() ? 1u : 0u};
         std::memcpy(at + csize, tail, sizeof tail);
       }
       counts_.assign(R, per);
@@ -1625,10 +1633,15 @@ class optimizer {
       throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
                          "); every rank needs the same config, host_threads aside");
     }
-    std::uint64_t tail[2][5];
+    std::uint64_t tail[2][6];
     if (odd) {
       std::memcpy(tail[0], rank_bytes(0) + csize, sizeof tail[0]);
       std::memcpy(tail[1], rank_bytes(odd) + csize, sizeof tail[1]);
+      if (tail[0][5] != tail[1][5]) {
+        fail("initialize(): the ranks' transports differ: " + them + (tail[1][5] ? " uploads ahead, rank 0 does not"
+                                                                                : " does not upload ahead, rank 0 does") +
+             "; every rank needs the same upload_ahead() setting");
+      }
       if (tail[0][4] != tail[1][4]) {
         auto how = [](std::uint64_t sharded) { return sharded ? "reduce-scatters" : "all-reduces"; };
         fail("initialize(): the ranks' communicators differ: the one on " + them + " " + how(tail[1][4]) +
