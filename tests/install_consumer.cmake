@@ -31,6 +31,7 @@ run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" 
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
 run("${WORK_DIR}/build/consumer_c")
+run("${WORK_DIR}/build/consumer_c_via_shared")
 
 # pkg-config: a Makefile builds the same consumers from zenflow.pc / zenflow-c.pc; the version
 # they report is the one version.hpp holds.
@@ -52,6 +53,7 @@ file(MAKE_DIRECTORY "${WORK_DIR}/make")
 run("${MAKE_PROGRAM}" -f "${SOURCE_DIR}/tests/consumer/Makefile" "OUT=${WORK_DIR}/make" "CXX=${CXX_COMPILER}")
 run("${WORK_DIR}/make/consumer_pc")
 run("${WORK_DIR}/make/consumer_c_pc")
+run("${WORK_DIR}/make/consumer_c_via_shared_pc")
 if(WITH_CUDA)
   run("${WORK_DIR}/build/consumer_cuda")
 endif()
@@ -67,6 +69,15 @@ if(rc EQUAL 0 OR NOT err MATCHES "compatible with requested version")
   message(FATAL_ERROR "asking for zenflow 1.0 should be refused:\n${out}\n${err}")
 endif()
 message(STATUS "version 1.0 correctly refused")
+# before 1.0 a minor version may break the API: a request for 0.0 must not accept 0.1
+execute_process(
+  COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-v00" -G "${GENERATOR}"
+          -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DZF_REQUIRE_VERSION=0.0
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "compatible with requested version")
+  message(FATAL_ERROR "asking for zenflow 0.0 should be refused (0.x versions: the same minor only):\n${out}\n${err}")
+endif()
+message(STATUS "version 0.0 correctly refused")
 
 # The same consumer with zenflow as a subproject (add_subdirectory / FetchContent style).
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir" -G "${GENERATOR}"

@@ -62,6 +62,9 @@ class ZenflowConan(ConanFile):
             tc.cache_variables[opt] = False
         tc.cache_variables["ZENFLOW_INSTALL"] = True
         tc.cache_variables["ZENFLOW_ENABLE_CUDA"] = bool(self.options.cuda)
+        # (not whatever MPI or NCCL the build machine happens to have: the package declares neither)
+        tc.cache_variables["ZENFLOW_ENABLE_MPI"] = False
+        tc.cache_variables["ZENFLOW_ENABLE_NCCL"] = False
         tc.generate()
         CMakeDeps(self).generate()
 

@@ -15,6 +15,8 @@ vcpkg_cmake_configure(
     -DZENFLOW_BUILD_EXAMPLES=OFF
     -DZENFLOW_INSTALL=ON
     -DZENFLOW_INSTALL_CMAKEDIR=share/zenflow
+    -DZENFLOW_ENABLE_MPI=OFF
+    -DZENFLOW_ENABLE_NCCL=OFF
     ${FEATURE_OPTIONS}
 )
 vcpkg_cmake_install()
