@@ -37,9 +37,11 @@ std::vector<std::size_t> parse_list(const std::string& s) {
       mult = item.back() == 'M' ? (1u << 20) : (1u << 10);
       item.pop_back();
     }
-    std::size_t idx = 0;
-    const unsigned long long v = std::stoull(item, &idx);
-    if (idx != item.size() || v == 0) throw std::invalid_argument("bad list item '" + s.substr(pos, end - pos) + "'");
+    // (digits only: stoull would take "-1" as 2^64 - 1)
+    bool digits = !item.empty() && item.size() <= 12;
+    for (char ch : item) digits = digits && ch >= '0' && ch <= '9';
+    const unsigned long long v = digits ? std::stoull(item) : 0;
+    if (v == 0) throw std::invalid_argument("bad list item '" + s.substr(pos, end - pos) + "'");
     out.push_back(std::size_t(v) * mult);
     pos = end + 1;
   }
@@ -124,7 +126,13 @@ int main(int argc, char** argv) try {
     };
     if (a == "--sizes") sizes = parse_list(value());
     else if (a == "--threads") threads = parse_list(value());
-    else if (a == "--reps") reps = std::max(1, std::atoi(value().c_str()));
+    else if (a == "--reps") {
+      const std::string v = value();
+      bool digits = !v.empty() && v.size() <= 4;
+      for (char ch : v) digits = digits && ch >= '0' && ch <= '9';
+      if (!digits || std::stoi(v) < 1) throw std::invalid_argument("--reps expects an integer in [1, 9999], got '" + v + "'");
+      reps = std::stoi(v);
+    }
     else if (a == "--isa") {
       const std::string t = value();
       if (t == "avx512") tier = isa::avx512;

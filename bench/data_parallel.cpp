@@ -24,6 +24,7 @@
 #include <zenflow/mpi.hpp>
 #include <zenflow/zenflow.hpp>
 
+#include "args.hpp"
 #include "machine.hpp"
 
 using namespace zenflow;
@@ -100,17 +101,10 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  std::size_t dim = 1024, nmat = 8;
-  int steps = 32;
-  unsigned threads = 1;
-  for (int a = 1; a + 1 < argc; a += 2) {
-    const std::string k = argv[a];
-    const unsigned long v = std::strtoul(argv[a + 1], nullptr, 10);
-    if (k == "--dim") dim = v;
-    else if (k == "--matrices") nmat = v;
-    else if (k == "--steps") steps = int(v);
-    else if (k == "--threads") threads = unsigned(v);
-  }
+  const zf_bench::args a("data_parallel", argc, argv, {"--dim", "--matrices", "--steps", "--threads"});
+  const std::size_t dim = a.count("--dim", 1024, 1, 1 << 16), nmat = a.count("--matrices", 8, 1, 4096);
+  const int steps = int(a.count("--steps", 32, 1, 1 << 20));
+  const unsigned threads = unsigned(a.count("--threads", 1, 1, 1024));
   run<mpi_allreduce_communicator>("all_reduce", dim, nmat, steps, threads);
   run<mpi_communicator>("reduce_scatter", dim, nmat, steps, threads);
   MPI_Finalize();

@@ -68,14 +68,16 @@ int main(int argc, char** argv) {
   int rank = 0, R = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &R);
-  const std::size_t layers = std::stoul(arg(argc, argv, "--layers", "2"));
-  const std::size_t hidden = std::stoul(arg(argc, argv, "--hidden", "1024"));
-  const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", "2752"));
-  const int steps = std::stoi(arg(argc, argv, "--steps", "32"));
-  const unsigned threads = unsigned(std::stoul(arg(argc, argv, "--threads", "1")));
-  const double frac = std::stod(arg(argc, argv, "--compute-frac", "0.5"));
-  double t_host = std::stod(arg(argc, argv, "--calib-s", "0"));
-  const bool ahead = flag(argc, argv, "--upload-ahead");  // ZenFlow uploads a host update's params ahead
+  const args a("data_parallel_pipeline", argc, argv,
+               {"--layers", "--hidden", "--ffn", "--steps", "--threads", "--compute-frac", "--calib-s"}, {"--upload-ahead"});
+  const std::size_t layers = a.count("--layers", 2, 1, 1024);
+  const std::size_t hidden = a.count("--hidden", 1024, 1, 1 << 20);
+  const std::size_t ffn = a.count("--ffn", 2752, 1, 1 << 20);
+  const int steps = int(a.count("--steps", 32, 1, 1 << 20));
+  const unsigned threads = unsigned(a.count("--threads", 1, 0, 1024));
+  const double frac = a.real("--compute-frac", 0.5, 0, 1e6);
+  double t_host = a.real("--calib-s", 0, 0, 1e6);  // (0: measured here)
+  const bool ahead = a.has("--upload-ahead");  // ZenFlow uploads a host update's params ahead
   const model shape(layers, hidden, ffn);
   device_model::link_gbps = 25.0;
 
@@ -127,8 +129,8 @@ int main(int argc, char** argv) {
     print_array("zero_offload_link_bytes", zo_bytes);
     print_array("zero_offload_reduce_s", zo_reduce);
     // a data-parallel step ends when its slowest rank's does
-    std::printf(",\"speedup\":%.3f,\"stall_reduction\":%.4f}\n", slowest(zo_step) / slowest(zf_step),
-                1.0 - slowest(zf_stall) / slowest(zo_stall));
+    std::printf(",\"speedup\":%.3f,\"stall_reduction\":%s}\n", slowest(zo_step) / slowest(zf_step),
+                json_number(1.0 - slowest(zf_stall) / slowest(zo_stall)).c_str());
   }
   MPI_Finalize();
   return 0;

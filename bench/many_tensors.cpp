@@ -18,6 +18,7 @@
 
 #include <zenflow/zenflow.hpp>
 
+#include "args.hpp"
 #include "machine.hpp"
 
 namespace {
@@ -97,24 +98,11 @@ void run(const char* layout, const options& o) {
 
 int main(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::size_t {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return std::size_t(std::strtoull(argv[++i], nullptr, 10));
-    };
-    if (a == "--tensors") o.tensors = next();
-    else if (a == "--elements") o.elements = next();
-    else if (a == "--steps") o.steps = next();
-    else if (a == "--threads") o.threads = next();
-    else {
-      std::fprintf(stderr, "usage: many_tensors [--tensors N] [--elements E] [--steps S] [--threads T]\n");
-      return 2;
-    }
-  }
+  const zf_bench::args a("many_tensors", argc, argv, {"--tensors", "--elements", "--steps", "--threads"});
+  o.tensors = a.count("--tensors", o.tensors, 0, 1u << 30);
+  o.elements = a.count("--elements", o.elements, 0, 1ull << 40);
+  o.steps = a.count("--steps", o.steps, 0, 1u << 30);
+  o.threads = a.count("--threads", o.threads, 0, 1024);
   if (o.tensors < 2 || o.elements < 2 || o.elements % 2 || o.steps == 0 || o.threads == 0) {
     std::fprintf(stderr, "many_tensors: need tensors >= 2, an even elements >= 2, steps and threads >= 1\n");
     return 2;

@@ -42,14 +42,17 @@ int main(int argc, char** argv) {
   // 1 us timer slack (inherited by the scheduler's threads): sleeps of the device and link
   // emulation end within microseconds of their deadline.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  const bool quick = flag(argc, argv, "--quick");
-  const std::size_t layers = std::stoul(arg(argc, argv, "--layers", quick ? "1" : "4"));
-  const std::size_t hidden = std::stoul(arg(argc, argv, "--hidden", quick ? "512" : "2048"));
-  const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", quick ? "1376" : "5504"));
-  const int steps = std::stoi(arg(argc, argv, "--steps", quick ? "8" : "64"));  // a multiple of 8
-  const std::string out_path = arg(argc, argv, "--out", "");
-  const std::string sweeps = arg(argc, argv, "--sweeps", "");
-  device_model::launch_us = std::stod(arg(argc, argv, "--launch-us", "5"));
+  const args a("pipeline", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--sweeps", "--launch-us"},
+               {"--quick"});
+  const bool quick = a.has("--quick");
+  const std::size_t layers = a.count("--layers", quick ? 1 : 4, 1, 1024);
+  const std::size_t hidden = a.count("--hidden", quick ? 512 : 2048, 1, 1 << 20);
+  const std::size_t ffn = a.count("--ffn", quick ? 1376 : 5504, 1, 1 << 20);
+  const int steps = int(a.count("--steps", quick ? 8 : 64, 8, 1 << 20));
+  if (steps % 8) a.fail("--steps must be a multiple of 8 (the update intervals divide it), got " + std::to_string(steps));
+  const std::string out_path = a.text("--out", "");
+  const std::string sweeps = a.text("--sweeps", "");
+  device_model::launch_us = a.real("--launch-us", 5, 0, 1e6);
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "pipeline: cannot open %s\n", out_path.c_str());
@@ -60,6 +63,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "model: %zu layers, hidden %zu, ffn %zu: %.1fM params (bf16); %u cores\n", layers, hidden, ffn,
                double(shape.params) / 1e6, cores);
 
+  std::vector<point> points = sweep_points(cores, true);
+  keep_sweeps(points, sweeps, a);  // (before the calibration: a bad name fails at once)
+  if (quick && points.size() > 2) points.resize(2);
+
   // Calibration: ZeRO-Offload's host update of the whole model, per step, on all cores. The
   // paper's regime is a forward/backward shorter than that; compute times are given as
   // fractions of it.
@@ -68,9 +75,6 @@ int main(int argc, char** argv) {
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
 
-  std::vector<point> points = sweep_points(cores, true);
-  if (quick) points.resize(2);
-  keep_sweeps(points, sweeps);
 
   std::map<std::tuple<double, double, unsigned>, result> zo_cache;
   for (const point& p : points) {

@@ -13,6 +13,7 @@
 
 #include <zenflow/zenflow.hpp>
 
+#include "args.hpp"
 #include "machine.hpp"
 
 namespace zf_bench {
@@ -133,11 +134,21 @@ inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
 }
 
 // Only the points of the named sweeps ("base,upload_ahead"; empty: all of them).
-inline void keep_sweeps(std::vector<point>& points, const std::string& names) {
+// --sweeps: only the named sweeps' points (a name no point has is refused).
+inline void keep_sweeps(std::vector<point>& points, const std::string& names, const args& a) {
   if (names.empty()) return;
   std::vector<point> kept;
   for (const point& p : points)
     if (("," + names + ",").find("," + std::string(p.sweep) + ",") != std::string::npos) kept.push_back(p);
+  for (std::size_t at = 0; at <= names.size();) {
+    std::size_t end = names.find(',', at);
+    if (end == std::string::npos) end = names.size();
+    const std::string name = names.substr(at, end - at);
+    bool known = false;
+    for (const point& p : points) known = known || name == p.sweep;
+    if (!known) a.fail("--sweeps: no sweep named '" + name + "' here");
+    at = end + 1;
+  }
   points = kept;
 }
 
@@ -168,7 +179,7 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                "\"median_step_s\":%.5f,\"selection_step_s\":%.5f},"
                "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
-               "\"speedup\":%.3f,\"stall_reduction\":%.4f}\n",
+               "\"speedup\":%.3f,\"stall_reduction\":%s}\n",
                device, zf_bench::cpu_model().c_str(), p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac,
                zo.host_update_s > 0 ? compute / zo.host_update_s : 0.0, link_gbps, latency_us,
                threads_used, cores, p.upload_ahead ? "true" : "false", zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
@@ -176,19 +187,8 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                zf.median_step_s, zf.selection_step_s,
                zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s, zo.d2h_bytes, zo.h2d_bytes,
                (zo.d2h_bytes + zo.h2d_bytes) / model_bytes, zo.link_model_s[0], zo.link_model_s[1],
-               zo.step_s / zf.step_s, 1.0 - zf.stall_s / zo.stall_s);
+               zo.step_s / zf.step_s, json_number(1.0 - zf.stall_s / zo.stall_s).c_str());
   std::fflush(out);
-}
-
-inline std::string arg(int argc, char** argv, const char* name, const char* def) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return def;
-}
-inline bool flag(int argc, char** argv, const char* name) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return true;
-  return false;
 }
 
 }  // namespace zf_bench

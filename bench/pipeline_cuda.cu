@@ -212,13 +212,16 @@ int main(int argc, char** argv) try {
   // 1 us timer slack, inherited by every thread started later (oneTBB's, the scheduler's): the
   // emulated twin's sleeps end within microseconds of their deadlines, as in bench/pipeline.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  const bool quick = flag(argc, argv, "--quick");
-  const std::size_t layers = std::stoul(arg(argc, argv, "--layers", quick ? "1" : "4"));
-  const std::size_t hidden = std::stoul(arg(argc, argv, "--hidden", quick ? "512" : "2048"));
-  const std::size_t ffn = std::stoul(arg(argc, argv, "--ffn", quick ? "1376" : "5504"));
-  const int steps = std::stoi(arg(argc, argv, "--steps", quick ? "8" : "64"));
-  const std::string out_path = arg(argc, argv, "--out", "");
-  const int twins = std::stoi(arg(argc, argv, "--twins", "3"));
+  const args a("pipeline_cuda", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--twins", "--sweeps"},
+               {"--quick"});
+  const bool quick = a.has("--quick");
+  const std::size_t layers = a.count("--layers", quick ? 1 : 4, 1, 1024);
+  const std::size_t hidden = a.count("--hidden", quick ? 512 : 2048, 1, 1 << 20);
+  const std::size_t ffn = a.count("--ffn", quick ? 1376 : 5504, 1, 1 << 20);
+  const int steps = int(a.count("--steps", quick ? 8 : 64, 8, 1 << 20));
+  if (steps % 8) a.fail("--steps must be a multiple of 8 (the update intervals divide it), got " + std::to_string(steps));
+  const std::string out_path = a.text("--out", "");
+  const int twins = int(a.count("--twins", 3, 0, 1000));
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "pipeline_cuda: cannot open %s\n", out_path.c_str());
@@ -234,6 +237,9 @@ int main(int argc, char** argv) try {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string device = std::string("cuda: ") + prop.name;
   std::fprintf(stderr, "model: %.1fM params (bf16); %s; %u host cores\n", double(shape.params) / 1e6, prop.name, cores);
+  std::vector<point> points = sweep_points(cores, false);
+  keep_sweeps(points, a.text("--sweeps", ""), a);  // (before the measurements: a bad name fails at once)
+  if (quick && points.size() > 2) points.resize(2);
   const link_calibration cal = measure_link(s);
   print_calibration(out, device.c_str(), cal);
   using zf_opt = zenflow::optimizer<zenflow::cuda_space>;
@@ -241,9 +247,6 @@ int main(int argc, char** argv) try {
   const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, false, s);
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
-  std::vector<point> points = sweep_points(cores, false);
-  if (quick) points.resize(2);
-  keep_sweeps(points, arg(argc, argv, "--sweeps", ""));
   std::map<std::tuple<double, unsigned>, result> zo_cache;
   const std::string twin_device = "emulated twin of " + device + " (link, latency, memory, launch as calibrated)";
   const int zo_steps = quick ? 3 : 16;
