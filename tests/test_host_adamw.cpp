@@ -362,3 +362,40 @@ TEST_CASE("adamw: a column list updates exactly those columns, as a full update 
   CHECK(pb == p0);
   CHECK(cb == counts0);
 }
+
+TEST_CASE("adamw_traffic (bench/cpu_adam's roofline twin): the kernel's loads and stores, no arithmetic") {
+  // The twin must move exactly the bytes AdamW moves — p, m, v read and written in place, g
+  // read, the 16-bit copy written — with the values merely permuted: p <- m, m <- v, v <- p ^ g
+  // (bits), copy <- p's upper 16 bits, unrounded (a rounding store made the twin partly
+  // compute-bound and flattered the kernel's ratio). On every tier, with lengths that leave a
+  // vector tail, and a bf16 gradient (loaded widened, as the kernel loads it).
+  zf_test::rng r(21);
+  for (isa t : zf_test::available_tiers())
+    for (const std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(64), std::size_t(100)}) {
+      CAPTURE(name_of(t));
+      CAPTURE(n);
+      std::vector<float> p(n), m(n), v(n);
+      std::vector<bfloat16> g(n), copy(n, bfloat16::from_bits(0x1234));
+      for (std::size_t i = 0; i < n; ++i) {
+        p[i] = r.spread(-4, 4);
+        m[i] = r.spread(-4, 4);
+        v[i] = r.spread(-4, 4);
+        g[i] = bfloat16(r.spread(-4, 4));
+      }
+      const auto p0 = p, m0 = m, v0 = v;
+      adamw_job j;
+      j.param = p.data(); j.exp_avg = m.data(); j.exp_avg_sq = v.data();
+      j.grad = g.data(); j.grad_type = dtype::bf16;
+      j.param_copy = copy.data(); j.copy_type = dtype::bf16;
+      j.rows = n;
+      kernels(t).adamw_traffic(j, 0, n);
+      bool same = true;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint32_t gbits = std::uint32_t(g[i].bits) << 16;  // (the widened bf16)
+        same = same && zf_test::bits(p[i]) == zf_test::bits(m0[i]) && zf_test::bits(m[i]) == zf_test::bits(v0[i]) &&
+               zf_test::bits(v[i]) == (zf_test::bits(p0[i]) ^ gbits) &&
+               copy[i].bits == std::uint16_t(zf_test::bits(p0[i]) >> 16);
+      }
+      CHECK(same);
+    }
+}

@@ -137,7 +137,9 @@ struct tier_kernels {
   }
 
   // Roofline twins: the same loads and stores, values merely permuted (no arithmetic, and
-  // nothing the compiler could drop). Gradients are loaded in their own dtype, as above.
+  // nothing the compiler could drop). Gradients are loaded in their own dtype, as above; a
+  // 16-bit param copy is stored unrounded (store_bits: a shift, not the rounding's ten
+  // operations, which made the twin partly compute-bound at one thread).
   static void adamw_traffic(const adamw_job& j, std::size_t b, std::size_t e) noexcept {
     visit_dtype(j.grad_type, [&](auto g) {
       visit_optional(j.param_copy, j.copy_type, [&](auto c) {
@@ -150,7 +152,7 @@ struct tier_kernels {
               V::store(p, mm);
               V::store(m, vv);
               V::store(v, V::bit_xor(pp, gg));
-              V::store(out, pp);
+              V::store_bits(out, pp);
             },
             j.param, j.exp_avg, j.exp_avg_sq, static_cast<const G*>(j.grad), static_cast<C*>(j.param_copy));
       });

@@ -52,6 +52,12 @@ struct scalar_ops {
   static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept { *p = to_bfloat16(x); }
   static ZF_FORCEINLINE void store(float16* p, F x) noexcept { *p = to_float16(x); }
   static ZF_FORCEINLINE void store(discard*, F) noexcept {}
+  // store_bits: the stores of store() without its arithmetic — a 16-bit destination gets the
+  // float's upper 16 bits, unrounded (the roofline twins' stores: the same bytes moved).
+  static ZF_FORCEINLINE void store_bits(float* p, F x) noexcept { *p = x; }
+  static ZF_FORCEINLINE void store_bits(bfloat16* p, F x) noexcept { p->bits = std::uint16_t(zenflow::detail::bits_of(x) >> 16); }
+  static ZF_FORCEINLINE void store_bits(float16* p, F x) noexcept { p->bits = std::uint16_t(zenflow::detail::bits_of(x) >> 16); }
+  static ZF_FORCEINLINE void store_bits(discard*, F) noexcept {}
   static ZF_FORCEINLINE F bit_xor(F a, F b) noexcept {
     return zenflow::detail::float_of(zenflow::detail::bits_of(a) ^ zenflow::detail::bits_of(b));
   }
@@ -70,6 +76,10 @@ struct simd_common {
   static ZF_FORCEINLINE F load(const float* p) noexcept { return F::load_unaligned(p); }
   static ZF_FORCEINLINE void store(float* p, F x) noexcept { x.store_unaligned(p); }
   static ZF_FORCEINLINE void store(discard*, F) noexcept {}
+  static ZF_FORCEINLINE void store_bits(float* p, F x) noexcept { x.store_unaligned(p); }
+  static ZF_FORCEINLINE void store_bits(discard*, F) noexcept {}
+  // (the upper 16 bits of each lane in the low half, for a tier's narrow16: a shift and a mask)
+  static ZF_FORCEINLINE I upper16(F x) noexcept { return (bit_cast<std::int32_t>(x) >> 16) & I(0xffff); }
   static ZF_FORCEINLINE F bit_xor(F a, F b) noexcept { return a ^ b; }
 
   // fp32 -> bf16 bits in the low half of each 32-bit lane (round to nearest even, quiet NaN).
@@ -114,6 +124,7 @@ struct simd_common {
 struct sse2_ops : simd_common<xsimd::sse2> {
   using simd_common::load;
   using simd_common::store;
+  using simd_common::store_bits;
   static ZF_FORCEINLINE I widen16(const void* p) noexcept {
     const __m128i h = _mm_loadl_epi64(static_cast<const __m128i*>(p));
     return I(_mm_unpacklo_epi16(h, _mm_setzero_si128()));
@@ -126,6 +137,8 @@ struct sse2_ops : simd_common<xsimd::sse2> {
   static ZF_FORCEINLINE F load(const bfloat16* p) noexcept { return from_bf16_bits(widen16(p)); }
   static ZF_FORCEINLINE F load(const float16* p) noexcept { return from_f16_bits(widen16(p)); }
   static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept { narrow16(p, bf16_bits(x)); }
+  static ZF_FORCEINLINE void store_bits(bfloat16* p, F x) noexcept { narrow16(p, upper16(x)); }
+  static ZF_FORCEINLINE void store_bits(float16* p, F x) noexcept { narrow16(p, upper16(x)); }
   static ZF_FORCEINLINE void store(float16* p, F x) noexcept { narrow16(p, f16_bits(x)); }
 };
 
@@ -133,6 +146,7 @@ struct sse2_ops : simd_common<xsimd::sse2> {
 struct avx2_ops : simd_common<xsimd::avx2> {
   using simd_common::load;
   using simd_common::store;
+  using simd_common::store_bits;
   static ZF_FORCEINLINE I widen16(const void* p) noexcept {
     return I(_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))));
   }
@@ -146,6 +160,8 @@ struct avx2_ops : simd_common<xsimd::avx2> {
     return F(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept { narrow16(p, bf16_bits(x)); }
+  static ZF_FORCEINLINE void store_bits(bfloat16* p, F x) noexcept { narrow16(p, upper16(x)); }
+  static ZF_FORCEINLINE void store_bits(float16* p, F x) noexcept { narrow16(p, upper16(x)); }
   static ZF_FORCEINLINE void store(float16* p, F x) noexcept {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -158,6 +174,7 @@ struct avx2_ops : simd_common<xsimd::avx2> {
 struct avx512_ops : simd_common<xsimd::avx512bw> {
   using simd_common::load;
   using simd_common::store;
+  using simd_common::store_bits;
   static ZF_FORCEINLINE I widen16(const void* p) noexcept {
     return I(_mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))));
   }
@@ -169,6 +186,8 @@ struct avx512_ops : simd_common<xsimd::avx512bw> {
     return F(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
   }
   static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept { narrow16(p, bf16_bits(x)); }
+  static ZF_FORCEINLINE void store_bits(bfloat16* p, F x) noexcept { narrow16(p, upper16(x)); }
+  static ZF_FORCEINLINE void store_bits(float16* p, F x) noexcept { narrow16(p, upper16(x)); }
   static ZF_FORCEINLINE void store(float16* p, F x) noexcept {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
