@@ -167,24 +167,45 @@ class emulated_link {
   void ahead_consumed() noexcept {}
   void account_to_device(std::size_t bytes) noexcept { inner_.account_to_device(bytes); }
 
+  // The offload lane's stream, pipelined as cuda_pinned's: up to `lanes` pieces in flight, piece
+  // k's copy queued as soon as the buffer of piece k - lanes has been consumed, the copies one
+  // after another on the link; each piece is consumed once its copy has ended. (So the lane costs
+  // about the larger of the link's time and the consumer's, not their sum.)
   template <class Event, class Consume>
   void stream_to_host(const Event& ready, const void* src, std::size_t bytes, std::size_t chunk, Consume&& consume) {
+    in_flight lane;
     inner_.stream_to_host(ready, src, bytes, chunk, [&](const void* piece, std::size_t off, std::size_t len) {
-      occupy(0, clock_type::now(), double(len));
-      consume(piece, off, len);
+      lane.piece(*this, double(len), [&] { consume(piece, off, len); });
     });
   }
   template <class Event, class Consume>
   void stream_blocks_to_host(const Event& ready, const zenflow::offload_block* blocks, std::size_t n, Consume&& consume) {
+    in_flight lane;
     inner_.stream_blocks_to_host(ready, blocks, n, [&](std::size_t b, const void* piece, std::size_t off, std::size_t len) {
-      occupy(0, clock_type::now(), double(len));
-      consume(b, piece, off, len);
+      lane.piece(*this, double(len), [&] { consume(b, piece, off, len); });
     });
   }
   std::uint64_t bytes_to_host() const noexcept { return inner_.bytes_to_host(); }
   std::uint64_t bytes_to_device() const noexcept { return inner_.bytes_to_device(); }
 
  private:
+  struct in_flight {
+    static constexpr int lanes = 3;  // (cuda_pinned::lanes)
+    clock_type::time_point freed[lanes];
+    std::size_t k = 0;
+    in_flight() {
+      const auto t0 = clock_type::now();
+      for (auto& f : freed) f = t0;
+    }
+    template <class Consume>
+    void piece(emulated_link& link, double bytes, Consume&& consume) {
+      clock_type::time_point& slot = freed[k++ % lanes];
+      link.occupy(0, slot, bytes);  // queued when its buffer was freed; returns when the copy has ended
+      consume();
+      slot = clock_type::now();
+    }
+  };
+
   // The transfer occupies direction d from max(its start, the end of the previous transfer) for
   // latency + bytes / bandwidth; the caller returns when it ends.
   void occupy(int d, clock_type::time_point start, double bytes) {
