@@ -25,10 +25,10 @@ namespace zenflow {
 // reduction of every rank's copy of it (reduce's order and bits), the others are unspecified.
 // With it, an optimizer (host space or cuda_space) reduce-scatters the matrices' gradients by
 // column blocks (each rank receives its own block's only) instead of all-reducing them.
-// Optional, reserve(round): makes every later reduce or reduce_scatter of at most `round`
-// elements in all run without allocating (the optimizer calls it once, from initialize(), with
-// its reduction round: a growth refused inside a step would leave some gradients reduced in
-// place and others not).
+// Optional, reserve(scatter, reduce): makes every later reduce_scatter of at most `scatter`
+// elements in all, and reduce of at most `reduce`, run without allocating (the optimizer calls
+// it once, from initialize(), with its largest rounds of each: a growth refused inside a step
+// would leave some gradients reduced in place and others not).
 // Each is a collective: every rank calls it, in the same order. A multi-process communicator
 // names the memory space its data lives in (`using space = ...`): reduce and all_gather take
 // that space's device memory (host memory for the host space, GPU memory for the CUDA space),

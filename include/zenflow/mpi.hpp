@@ -185,12 +185,17 @@ class mpi_communicator {
     }
   }
 
-  // See communicator_policy (the optional member): the buffers any later reduce or
-  // reduce_scatter of at most `round` elements in all needs, grown now (a collective, voted on
-  // as grow is): reduce's pieces of a round are ceil(round / R) from every rank, reduce_scatter's
-  // at most twice that; the packed copy only past MPI's int. The optimizer calls it from
-  // initialize(), so that its steps allocate nothing here.
-  void reserve(std::size_t round) { reserve_for(round, true); }
+  // See communicator_policy (the optional member): the buffers any later reduce_scatter of at
+  // most `scatter` elements in all, and reduce of at most `reduce`, needs, grown now (a
+  // collective, voted on as grow is): reduce's pieces are ceil(reduce / R) from every rank and
+  // its shard one of them, reduce_scatter's pieces at most 2 ceil(scatter / R) from every rank;
+  // the packed copy only past MPI's int. The optimizer calls it from initialize(), so that its
+  // steps allocate nothing here.
+  void reserve(std::size_t scatter, std::size_t reduce) {
+    if (size_ == 1) return;
+    const std::size_t R = std::size_t(size_), s = (scatter + R - 1) / R, r = (reduce + R - 1) / R;
+    grow(std::max(2 * s, r) * R, r, scatter > lim_.int_max ? scatter : 0);
+  }
 
   // See communicator_policy. In place: MPI_Allgatherv on bytes when every count and offset fits
   // MPI's int, else each rank's block broadcast from it in pieces of at most 1 GiB.
@@ -222,15 +227,6 @@ class mpi_communicator {
     int mine = ok ? 1 : 0, all = 0;
     check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
     return all != 0;
-  }
-
- protected:
-  // reserve(): with scatter, reduce_scatter's pieces too (an all-reducing subclass asks less)
-  void reserve_for(std::size_t round, bool scatter) {
-    if (size_ == 1 || round == 0) return;
-    const std::size_t R = std::size_t(size_), share = (round + R - 1) / R;
-    if (scatter) grow(2 * share * R, share, round > lim_.int_max ? round : 0);
-    else grow(share * R, share, 0);
   }
 
  private:
@@ -284,7 +280,6 @@ class mpi_communicator {
 struct mpi_allreduce_communicator : mpi_communicator {
   using mpi_communicator::mpi_communicator;
   void reduce_scatter(float*, const std::size_t*, reduce_op) = delete;
-  void reserve(std::size_t round) { reserve_for(round, false); }  // (reduce's buffers only)
 };
 
 static_assert(communicator_policy<mpi_communicator>);

@@ -238,14 +238,14 @@ class nccl_communicator {
     ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
   }
 
-  // See communicator_policy (the optional member): the receive buffer any later reduce or
-  // reduce_scatter of at most `round` elements in all needs (reduce: ceil(round / R) from every
-  // rank; reduce_scatter: at most twice that), allocated now — a collective, voted on. The
-  // optimizer calls it from initialize(), so that its steps allocate nothing here.
-  void reserve(std::size_t round) {
-    if (round == 0) return;
-    const std::size_t R = std::size_t(size_);
-    pieces_for(2 * ((round + R - 1) / R) * R);
+  // See communicator_policy (the optional member): the receive buffer any later
+  // reduce_scatter of at most `scatter` elements in all, and reduce of at most `reduce`, needs
+  // (reduce: ceil(reduce / R) from every rank; reduce_scatter: at most 2 ceil(scatter / R)),
+  // allocated now — a collective, voted on. The optimizer calls it from initialize(), so that
+  // its steps allocate nothing here.
+  void reserve(std::size_t scatter, std::size_t reduce) {
+    const std::size_t R = std::size_t(size_), n = std::max(2 * ((scatter + R - 1) / R), (reduce + R - 1) / R) * R;
+    if (n) pieces_for(n);
   }
 
   // The receive buffer, grown to n elements, n a bound every rank computes alike from the call's

@@ -227,8 +227,17 @@ class optimizer {
         try {
           check_ranks_match();
           // the communicator's buffers for the step's reduction rounds, now (a collective, voted
-          // on): a growth inside a step, refused, would leave some gradients reduced in place
-          if constexpr (requires { comm_.reserve(std::size_t{}); }) comm_.reserve(reduce_buf_.size());
+          // on): a growth inside a step, refused, would leave some gradients reduced in place.
+          // Reduce-scattered matrices: rounds of up to a round; all-reduced tensors (the vectors
+          // then, else everything): up to a round or all of their elements, the smaller.
+          if constexpr (requires { comm_.reserve(std::size_t{}, std::size_t{}); }) {
+            std::size_t all_reduced = 0;
+            if constexpr (!sharded_reduction)
+              for (const auto& p : matrices_) all_reduced += p.rows * p.cols;
+            for (const auto& p : vectors_) all_reduced += p.n;
+            const std::size_t round = reduce_buf_.size();
+            comm_.reserve(sharded_reduction ? round : 0, std::min(round, all_reduced));
+          }
         } catch (...) {
           unbuild();
           throw;
