@@ -44,13 +44,7 @@ int main(int argc, char** argv) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   const args a("pipeline", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--sweeps", "--launch-us"},
                {"--quick"});
-  const bool quick = a.has("--quick");
-  const std::size_t layers = a.count("--layers", quick ? 1 : 4, 1, 1024);
-  const std::size_t hidden = a.count("--hidden", quick ? 512 : 2048, 1, 1 << 20);
-  const std::size_t ffn = a.count("--ffn", quick ? 1376 : 5504, 1, 1 << 20);
-  const int steps = int(a.count("--steps", quick ? 8 : 64, 8, 1 << 20));
-  if (steps % 8) a.fail("--steps must be a multiple of 8 (the update intervals divide it), got " + std::to_string(steps));
-  const std::string out_path = a.text("--out", "");
+  const auto [quick, layers, hidden, ffn, steps, out_path] = read_model_args(a);
   const std::string sweeps = a.text("--sweeps", "");
   device_model::launch_us = a.real("--launch-us", 5, 0, 1e6);
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");

@@ -134,6 +134,25 @@ inline std::vector<point> sweep_points(unsigned cores, bool link_sweep) {
 }
 
 // Only the points of the named sweeps ("base,upload_ahead"; empty: all of them).
+// The model and span flags both pipeline benches take (--quick: a 3M-parameter model, 8 steps).
+struct model_args {
+  bool quick;
+  std::size_t layers, hidden, ffn;
+  int steps;  // a multiple of 8: the update intervals of the sweep divide it
+  std::string out;
+};
+inline model_args read_model_args(const args& a) {
+  model_args m;
+  m.quick = a.has("--quick");
+  m.layers = a.count("--layers", m.quick ? 1 : 4, 1, 1024);
+  m.hidden = a.count("--hidden", m.quick ? 512 : 2048, 1, 1 << 20);
+  m.ffn = a.count("--ffn", m.quick ? 1376 : 5504, 1, 1 << 20);
+  m.steps = int(a.count("--steps", m.quick ? 8 : 64, 8, 1 << 20));
+  if (m.steps % 8) a.fail("--steps must be a multiple of 8 (the update intervals divide it), got " + std::to_string(m.steps));
+  m.out = a.text("--out", "");
+  return m;
+}
+
 // --sweeps: only the named sweeps' points (a name no point has is refused).
 inline void keep_sweeps(std::vector<point>& points, const std::string& names, const args& a) {
   if (names.empty()) return;
