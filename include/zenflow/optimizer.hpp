@@ -1562,15 +1562,16 @@ class optimizer {
     else return false;
   }
 
+  // Whether the transport uploads a host update's params ahead (compared across the ranks).
+  bool uploads_ahead_set() const noexcept {
+    if constexpr (ahead_transport<Transport>) return transport_.uploads_ahead();
+    else return false;
+  }
   // initialize()'s comparison of the ranks (see there): each rank's config (as a checkpoint
   // writes it, host_threads zeroed), its tensor counts and a digest of its registrations are
   // gathered onto every rank; where the digests differ, the registrations themselves are
   // gathered next, to name the tensor. Every rank sees the same bytes, so every rank reaches the
   // same verdict (and the same collectives). Its bytes are not a step's: not in bytes_reduced.
-  bool uploads_ahead_set() const noexcept {
-    if constexpr (ahead_transport<Transport>) return transport_.uploads_ahead();
-    else return false;
-  }
   void check_ranks_match() {
     using ckpt_io = detail::optimizer_checkpoint<optimizer>;
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
