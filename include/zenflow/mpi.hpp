@@ -283,6 +283,13 @@ struct mpi_allreduce_communicator : mpi_communicator {
 };
 
 static_assert(communicator_policy<mpi_communicator>);
+// (the optimizer detects the optional members with requires-expressions, where a private or
+// misspelt one would silently count as absent)
+static_assert(requires(mpi_communicator& c, float* d, const std::size_t* n) {
+  c.reserve(std::size_t{}, std::size_t{});
+  c.reduce_scatter(d, n, reduce_op::sum);
+});
+static_assert(requires(mpi_allreduce_communicator& c) { c.reserve(std::size_t{}, std::size_t{}); });
 static_assert(communicator_policy<mpi_allreduce_communicator>);
 
 }  // namespace zenflow

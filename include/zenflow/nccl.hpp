@@ -196,6 +196,16 @@ class nccl_communicator {
     return all != 0;
   }
 
+  // See communicator_policy (the optional member): the receive buffer any later
+  // reduce_scatter of at most `scatter` elements in all, and reduce of at most `reduce`, needs
+  // (reduce: ceil(reduce / R) from every rank; reduce_scatter: at most 2 ceil(scatter / R)),
+  // allocated now — a collective, voted on. The optimizer calls it from initialize(), so that
+  // its steps allocate nothing here.
+  void reserve(std::size_t scatter, std::size_t reduce) {
+    const std::size_t R = std::size_t(size_), n = std::max(2 * ((scatter + R - 1) / R), (reduce + R - 1) / R) * R;
+    if (n) pieces_for(n);
+  }
+
  private:
   // An NCCL group around one collective's calls, closed on every way out: NCCL keeps the group
   // per thread, so one left open by an error inside it (a send NCCL refuses) would swallow the
@@ -236,16 +246,6 @@ class nccl_communicator {
     cuda_kernels::reduce_in_rank_order<<<b < 65536u ? b : 65535u, cuda_kernels::threads, 0, stream_>>>(
         pieces, m, size_, op == reduce_op::mean, out);
     ZF_CUDA_CHECK_LAUNCH("reduce_in_rank_order");
-  }
-
-  // See communicator_policy (the optional member): the receive buffer any later
-  // reduce_scatter of at most `scatter` elements in all, and reduce of at most `reduce`, needs
-  // (reduce: ceil(reduce / R) from every rank; reduce_scatter: at most 2 ceil(scatter / R)),
-  // allocated now — a collective, voted on. The optimizer calls it from initialize(), so that
-  // its steps allocate nothing here.
-  void reserve(std::size_t scatter, std::size_t reduce) {
-    const std::size_t R = std::size_t(size_), n = std::max(2 * ((scatter + R - 1) / R), (reduce + R - 1) / R) * R;
-    if (n) pieces_for(n);
   }
 
   // The receive buffer, grown to n elements, n a bound every rank computes alike from the call's
@@ -293,6 +293,12 @@ class nccl_communicator {
 };
 
 static_assert(communicator_policy<nccl_communicator>);
+// (the optimizer detects the optional members with requires-expressions, where a private or
+// misspelt one would silently count as absent)
+static_assert(requires(nccl_communicator& c, float* d, const std::size_t* n) {
+  c.reserve(std::size_t{}, std::size_t{});
+  c.reduce_scatter(d, n, reduce_op::sum);
+});
 
 // nccl_communicator without reduce_scatter: the optimizer all-reduces every gradient, so that
 // after step() every grad buffer holds the whole reduced gradient (for a trainer that reads it),
