@@ -8,8 +8,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <concepts>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <zenflow/cuda.hpp>
@@ -27,6 +29,33 @@ static_assert(device_topk_updater<fused_adamw<cuda_space>, cuda_space>);
 static_assert(compacting_updater<fused_adamw<cuda_space>, cuda_space> && offload_aware_scheduler<bounded_async>);
 static_assert(std::is_same_v<default_transport_t<cuda_space>, cuda_pinned>);
 static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);
+// and the members the optimizer detects inline (a private or misspelt one would count as absent):
+// the transport's reserve with the lane piece and its release, the space's activation, its
+// pending-error checks and its forgetting of queued work, the updater's pass in parts and
+// zen-auto's masses, the host side's reservations and clean-up
+static_assert(requires(cuda_pinned& t, cuda_space& s) {
+  t.reserve(s, std::size_t{}, std::size_t{});
+  t.release();
+});
+static_assert(requires(cuda_space& s, const cuda_space& cs) {
+  s.activate();
+  s.forget_queued_work();
+  { cs.error_pending() } -> std::convertible_to<bool>;
+  cs.check_no_pending_error("call");
+});
+static_assert(requires(fused_adamw<cuda_space>& u, cuda_space& s, const std::pair<std::size_t, std::size_t>* r) {
+  u.prepare_parts(s, r);
+  u.enqueue_masses(s);
+  u.masses(s, std::size_t{});
+  u.reserve(std::size_t{}, std::size_t{});
+});
+static_assert(requires(simd_accumulator& h, const simd_accumulator& ch, bounded_async& b) {
+  h.reserve(std::size_t{});
+  h.clear();
+  ch.records_bytes();
+  b.failed();
+  b.settle_offload();
+});
 
 namespace {
 bool gpu_present() {

@@ -295,9 +295,11 @@ class nccl_communicator {
 static_assert(communicator_policy<nccl_communicator>);
 // (the optimizer detects the optional members with requires-expressions, where a private or
 // misspelt one would silently count as absent)
-static_assert(requires(nccl_communicator& c, float* d, const std::size_t* n) {
+static_assert(requires(nccl_communicator& c, const nccl_communicator& cc, float* d, const std::size_t* n) {
   c.reserve(std::size_t{}, std::size_t{});
   c.reduce_scatter(d, n, reduce_op::sum);
+  c.set_stream(cudaStream_t{});  // (without it the collectives would run on the legacy stream)
+  cc.bytes_allocated();
 });
 
 // nccl_communicator without reduce_scatter: the optimizer all-reduces every gradient, so that
