@@ -228,9 +228,7 @@ run_result train_with(const std::string& name, Optimizer& opt, model& m, const c
   r.name = name;
   // the same batches for every optimizer; per rank its own
   std::mt19937_64 gen(o.seed ^ 0x9e3779b97f4a7c15ull ^ (std::uint64_t(o.rank) * 0xd1b54a32d192ed03ull));
-  if (c.train.size() < o.context + 3)
-    throw std::invalid_argument("the training text has " + std::to_string(c.train.size()) +
-                                " characters: too few for a context of " + std::to_string(o.context) + " (--context)");
+  check_context(c, o.context);
   std::uniform_int_distribution<std::size_t> at(0, c.train.size() - o.context - 2);
   const auto valid_pos = eval_positions(c.valid, o.context, o.eval_positions);
   const auto final_pos = eval_positions(c.valid, o.context, o.final_positions);
