@@ -32,7 +32,7 @@ static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updat
 // and the members the optimizer detects inline (a private or misspelt one would count as absent):
 // the transport's reserve with the lane piece and its release, the space's activation, its
 // pending-error checks and its forgetting of queued work, the updater's pass in parts and
-// zen-auto's masses, the host side's reservations and clean-up
+// zen-auto's masses, its host and pinned bytes, the host side's reservations and clean-up
 static_assert(requires(cuda_pinned& t, cuda_space& s) {
   t.reserve(s, std::size_t{}, std::size_t{});
   t.release();
@@ -48,6 +48,10 @@ static_assert(requires(fused_adamw<cuda_space>& u, cuda_space& s, const std::pai
   u.enqueue_masses(s);
   u.masses(s, std::size_t{});
   u.reserve(std::size_t{}, std::size_t{});
+});
+static_assert(requires(const fused_adamw<cuda_space>& u) {
+  { u.records_bytes() } -> std::convertible_to<std::size_t>;
+  { u.pinned_bytes() } -> std::convertible_to<std::size_t>;
 });
 static_assert(requires(simd_accumulator& h, const simd_accumulator& ch, bounded_async& b) {
   h.reserve(std::size_t{});

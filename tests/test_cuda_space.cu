@@ -601,6 +601,41 @@ TEST_CASE("cuda: offload and host update overlap the device's next work" * docte
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
+// stats() counts the CUDA updater's host-side memory. Page-locked, beyond the transport's staging:
+// one 16-byte summary, one update-table entry per matrix and vector, one coefficient and one mass
+// entry and two masses per matrix, and the selection's read-back of 4 bytes per selected column.
+// Bookkeeping: the host copy of the gradient pass's launch table (an entry per matrix and vector)
+// and each matrix's pass range (a pair of sizes), beyond the records every space keeps. The sizes
+// are spelt out here from what each table holds, not read back from the updater.
+TEST_CASE("cuda: stats() counts the updater's host tables and its page-locked memory" * doctest::skip(!has_gpu())) {
+  namespace ck = cuda_kernels;
+  small_problem a(256, 64, 2), b(128, 40, 2);
+  device_array<float> vw(to_device(std::vector<float>(300, 0.5f))), vg(to_device(std::vector<float>(300, 0.01f)));
+  optimizer<cuda_space> opt(a.cfg);
+  const matrix_id ma = opt.add_matrix(a.param()), mb = opt.add_matrix(b.param());
+  opt.add_vector({vw.data(), vg.data(), 300});
+  opt.initialize();
+  const std::size_t m = 2, v = 1;
+  const std::size_t k = opt.selected_columns(ma).size() + opt.selected_columns(mb).size();
+  REQUIRE(k > 0);
+  const std::size_t tables = sizeof(ck::grad_totals) + sizeof(ck::update_segment) * (m + v) +
+                             (sizeof(ck::coeff_segment) + sizeof(ck::mass_segment) + 16) * m;
+  const optimizer_stats s = opt.stats();
+  CHECK(s.host_pinned_bytes == opt.transport().pinned_bytes() + tables + 4 * k);
+
+  // the updater alone (the same registrations): its records beyond the registry's
+  fused_adamw<cuda_space> u;
+  u.add_matrix(a.param(), 7);
+  u.add_matrix(b.param(), 4);
+  u.add_vector({vw.data(), vg.data(), 300});
+  u.allocate();
+  using registry = updater_registry<detail::cuda_matrix_state, detail::cuda_vector_state>;
+  const std::size_t base = static_cast<const registry&>(u).records_bytes();
+  CHECK(u.records_bytes() == base + sizeof(ck::grad_segment) * (m + v) + 2 * sizeof(std::size_t) * m);
+  CHECK(u.pinned_bytes() == tables + 4 * (7 + 4));
+  ZF_CUDA_TRY(cudaDeviceSynchronize());
+}
+
 // A trainer that polls its stream (cudaStreamQuery answering cudaErrorNotReady) must not make the
 // optimizer's next launch check throw: the runtime may keep NotReady as the thread's last error.
 TEST_CASE("cuda: a stream query answering NotReady does not fail the next step" * doctest::skip(!has_gpu())) {

@@ -68,7 +68,8 @@ struct optimizer_stats {
                                     // ahead, their rounding and copies too)
   // Memory the optimizer holds, by kind (element counts times sizes; 0 before initialize()).
   std::uint64_t host_pageable_bytes = 0;
-  std::uint64_t host_pinned_bytes = 0;  // page-locked staging (none on the host space)
+  std::uint64_t host_pinned_bytes = 0;  // page-locked: the transport's staging, the updater's small
+                                        // tables (none on the host space)
   std::uint64_t device_bytes = 0;       // on the device (host memory too, on the host space)
   // Host memory of the per-tensor records: registrations, shapes and groups, column lists, the
   // state descriptors (registrations count from the first one; the rest from initialize()).
@@ -340,6 +341,7 @@ class optimizer {
       const bool on_host = std::is_base_of_v<host_space, Space>;
       s.host_pageable_bytes = host_.bytes_allocated() + (on_host ? comm_bytes : 0);
       if constexpr (pinned_transport<Transport>) s.host_pinned_bytes = transport_.pinned_bytes();
+      if constexpr (requires { updater_.pinned_bytes(); }) s.host_pinned_bytes += updater_.pinned_bytes();
       s.device_bytes = updater_.bytes_allocated() + grad_compact_.size() + dev_stage_.size() + ahead_.size() +
                        4 * slots_dev_.size() + 4 * compact_slot_.size() +
                        sizeof(copy_piece) * (stats_out_.table.size() + stats_in_.table.size()) +

@@ -955,6 +955,25 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     return kind == score_kind::l1 ? l1_.data() : sumsq_.data();
   }
 
+  // Host memory of the records: the registry's, plus the host copies of the gradient pass's
+  // launch table and of each matrix's pass range, and the per-column scores a host-side selection
+  // downloads (stats().host_bookkeeping_bytes).
+  std::size_t records_bytes() const noexcept {
+    return updater_registry::records_bytes() + sizeof(cuda_kernels::grad_segment) * full_segs_.size() +
+           sizeof(std::pair<std::size_t, std::size_t>) * ranges_.size() +
+           8 * (scores_host_[0].size() + scores_host_[1].size());
+  }
+  // Page-locked host memory: the per-step tables uploaded from it, the summary and the masses
+  // read back into it, the selection's chosen columns (stats().host_pinned_bytes, with the
+  // transport's staging).
+  std::size_t pinned_bytes() const noexcept {
+    return sizeof(cuda_kernels::grad_totals) * totals_host_.size() +
+           sizeof(cuda_kernels::update_segment) * upd_host_.size() +
+           sizeof(cuda_kernels::coeff_segment) * coeff_host_.size() +
+           sizeof(cuda_kernels::mass_segment) * mass_host_.size() + 8 * masses_host_.size() +
+           4 * chosen_host_.size();
+  }
+
   std::size_t bytes_allocated() const noexcept {
     std::size_t b = 0;
     for (const auto& s : matrices_) b += s.slot_bytes() + sizeof(adamw_coeffs) * s.coeffs.size();
