@@ -1,6 +1,18 @@
 # Host dependencies of zenflow, shared by the build tree and the installed package config.
 include(CMakeFindDependencyMacro)
-find_dependency(TBB 2021)
+# oneTBB 2021 or newer. The version is checked here rather than asked of find_dependency: a
+# package manager's generated TBB config may accept only its own major version (Conan's CMakeDeps
+# writes SameMajorVersion files), which would refuse a oneTBB 2022 asked for as "2021".
+find_dependency(TBB)
+if(TBB_FOUND AND TBB_VERSION AND TBB_VERSION VERSION_LESS 2021)
+  set(TBB_FOUND FALSE)
+  if(CMAKE_FIND_PACKAGE_NAME)  # (in the installed package's config; the build tree stops below)
+    set(${CMAKE_FIND_PACKAGE_NAME}_NOT_FOUND_MESSAGE
+        "${CMAKE_FIND_PACKAGE_NAME} needs oneTBB 2021 or newer; found TBB ${TBB_VERSION} (${TBB_DIR})")
+    set(${CMAKE_FIND_PACKAGE_NAME}_FOUND FALSE)
+    return()
+  endif()
+endif()
 # Debian's xsimd config lists a bare "xtl" link item without finding xtl (and xtl is not a
 # dependency of the package); xsimd itself does not need it. An empty stand-in target keeps
 # "-lxtl" off the link line. Harmless where xtl exists or is not referenced.

@@ -74,6 +74,39 @@ foreach(v 1.0 0.0)
   message(STATUS "version ${v} correctly refused")
 endforeach()
 
+# oneTBB's version as a package manager may present it: a TBB config whose version file accepts
+# only its own major version (as Conan's CMakeDeps writes them). A 2022 must be accepted, a 2020
+# refused with a message naming the version. (Configure only: the stand-in TBB::tbb is empty.)
+foreach(tbb 2022.1.0 2020.3.0)
+  string(REGEX MATCH "^[0-9]+" tbb_major "${tbb}")
+  set(tbb_dir "${WORK_DIR}/tbb-${tbb}/lib/cmake/TBB")
+  file(WRITE "${tbb_dir}/TBBConfig.cmake" "if(NOT TARGET TBB::tbb)\n  add_library(TBB::tbb INTERFACE IMPORTED)\nendif()\n")
+  file(WRITE "${tbb_dir}/TBBConfigVersion.cmake" "set(PACKAGE_VERSION ${tbb})
+set(PACKAGE_VERSION_COMPATIBLE FALSE)
+if(NOT PACKAGE_FIND_VERSION OR PACKAGE_FIND_VERSION_MAJOR STREQUAL \"${tbb_major}\")
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+endif()
+if(PACKAGE_FIND_VERSION STREQUAL PACKAGE_VERSION)
+  set(PACKAGE_VERSION_EXACT TRUE)
+endif()
+")
+  execute_process(
+    COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-tbb${tbb_major}" -G "${GENERATOR}"
+            -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_PREFIX_PATH=${prefix} -DTBB_DIR=${tbb_dir}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(tbb_major GREATER_EQUAL 2021)
+    # accepted, and this one: not another TBB found instead (the system's)
+    file(STRINGS "${WORK_DIR}/build-tbb${tbb_major}/CMakeCache.txt" found_dir REGEX "^TBB_DIR:")
+    string(REGEX REPLACE "^TBB_DIR:[A-Z]*=" "" found_dir "${found_dir}")
+    if(NOT rc EQUAL 0 OR NOT found_dir STREQUAL tbb_dir)
+      message(FATAL_ERROR "oneTBB ${tbb} (a same-major version file) should be accepted (used: ${found_dir}):\n${out}\n${err}")
+    endif()
+  elseif(tbb_major LESS 2021 AND (rc EQUAL 0 OR NOT err MATCHES "needs oneTBB 2021 or newer; found TBB ${tbb}"))
+    message(FATAL_ERROR "oneTBB ${tbb} should be refused, naming its version:\n${out}\n${err}")
+  endif()
+  message(STATUS "oneTBB ${tbb}: ${rc}")
+endforeach()
+
 # The same consumer with zenflow as a subproject (add_subdirectory / FetchContent style).
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir" -G "${GENERATOR}"
     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DZF_SOURCE_DIR=${SOURCE_DIR} -DZENFLOW_ENABLE_CUDA=OFF
