@@ -76,6 +76,7 @@ struct batch_state {
   std::size_t n = 0;
   std::vector<float> x, h1, h2, p;  // [n][T*E], [n][H], [n][H], [n][V] (softmax)
   std::vector<float> dh1, dh2, dx;
+  std::vector<float> dyt;  // dense_back's interleaved copy of dy (kept: no allocation a step)
 };
 
 namespace detail {
@@ -123,8 +124,9 @@ inline void dense(const layer& l, const float* x, float* y, std::size_t n) {
 }
 
 // dW[c][:] = sum_b x[b][c] dy[b][:] (b in turn), db = sum_b dy[b]; and, if dx is given,
-// dx[b][c] = dot(W[c][:], dy[b][:]), summed over the outputs in turn from 0.
-inline void dense_back(layer& l, const float* x, const float* dy, float* dx, std::size_t n) {
+// dx[b][c] = dot(W[c][:], dy[b][:]), summed over the outputs in turn from 0. `dyt` is scratch
+// (its capacity is kept from call to call).
+inline void dense_back(layer& l, const float* x, const float* dy, float* dx, std::size_t n, std::vector<float>& dyt) {
   tbb::parallel_for(std::size_t(0), l.in, [&](std::size_t c) {
     float* dwc = l.dw.data() + c * l.out;
     std::fill(dwc, dwc + l.out, 0.0f);
@@ -143,7 +145,7 @@ inline void dense_back(layer& l, const float* x, const float* dy, float* dx, std
   // rows past n zero, their sums computed and dropped), so one output's 8 row values are adjacent.
   constexpr std::size_t rb = 8, cb = 4;
   const std::size_t blocks = (n + rb - 1) / rb;
-  std::vector<float> dyt(blocks * l.out * rb, 0.0f);
+  dyt.assign(blocks * l.out * rb, 0.0f);
   for (std::size_t b = 0; b < n; ++b)
     for (std::size_t r = 0; r < l.out; ++r) dyt[((b / rb) * l.out + r) * rb + b % rb] = dy[b * l.out + r];
   const std::size_t cblocks = (l.in + cb - 1) / cb;
@@ -208,11 +210,11 @@ inline double forward_backward(model& m, batch_state& st, const std::vector<std:
   st.dh2.resize(n * s.hidden);
   st.dh1.resize(n * s.hidden);
   st.dx.resize(n * in);
-  detail::dense_back(m.l3, st.h2.data(), st.p.data(), st.dh2.data(), n);
+  detail::dense_back(m.l3, st.h2.data(), st.p.data(), st.dh2.data(), n, st.dyt);
   for (std::size_t i = 0; i < st.dh2.size(); ++i) st.dh2[i] *= 1.0f - st.h2[i] * st.h2[i];
-  detail::dense_back(m.l2, st.h1.data(), st.dh2.data(), st.dh1.data(), n);
+  detail::dense_back(m.l2, st.h1.data(), st.dh2.data(), st.dh1.data(), n, st.dyt);
   for (std::size_t i = 0; i < st.dh1.size(); ++i) st.dh1[i] *= 1.0f - st.h1[i] * st.h1[i];
-  detail::dense_back(m.l1, st.x.data(), st.dh1.data(), st.dx.data(), n);
+  detail::dense_back(m.l1, st.x.data(), st.dh1.data(), st.dx.data(), n, st.dyt);
   // embedding gradient: a serial scatter-add in batch order (deterministic)
   std::fill(m.demb.begin(), m.demb.end(), 0.0f);
   for (std::size_t b = 0; b < n; ++b)
