@@ -1334,6 +1334,102 @@ TEST_CASE_TEMPLATE("data parallel: any allocation of a step failing on one rank 
   }
 }
 
+TEST_CASE_TEMPLATE("data parallel: each allocation of a save, then of a load, failing in turn on one rank throws on every "
+                   "rank or on none, never hangs",
+                   Opt, dp_optimizer, staged_optimizer) {
+  // save(): rank 0's listing of the directory, the path made absolute, the gathers' tables, the
+  // shard's buffers, rank 0's manifest. A failure on one rank between two collectives would leave
+  // the others waiting in the next (this job would hang until ctest's timeout). Each allocation
+  // (operator new) of the calling thread is failed in turn, on rank 0 and on the last rank:
+  // every rank throws, or none does (where the failure is absorbed: the clean-up of older shards
+  // after the new set stands). Either way <path> names a complete set of this state: a fresh
+  // optimizer loads it and holds opt's state.
+  // load(): the same sweep, into an optimizer of another state: every rank throws or none; where
+  // they threw, every rank refuses work or every rank is unchanged; and the load then succeeds
+  // everywhere, giving opt's state. (staged_optimizer: the gathers through the gather space, the
+  // NCCL communicator's path.)
+  const gradient_source src;
+  const int R = ranks(), me = my_rank();
+  using comm_t = std::remove_cvref_t<decltype(std::declval<Opt&>().communicator())>;
+  const std::string path = tmp_path(std::is_same_v<Opt, dp_optimizer> ? "alloc_sweep_mpi.ckpt" : "alloc_sweep_staged.ckpt");
+  model m;
+  Opt opt(test_config(true), comm_t(MPI_COMM_WORLD));
+  m.add_to(opt);
+  opt.initialize();
+  for (int s = 0; s < 3; ++s) {
+    src.local_grads(m, s);
+    opt.step();
+  }
+  opt.save(path);
+  const std::vector<unsigned char> want = state_of(opt, m);
+  auto loaded = [&] {
+    model m2;
+    Opt o2(test_config(true), comm_t(MPI_COMM_WORLD));
+    m2.add_to(o2);
+    o2.initialize();
+    o2.load(path);
+    return state_of(o2, m2);
+  };
+  for (int failing = 0; failing < R; failing += std::max(1, R - 1)) {
+    CAPTURE(failing);
+    long saves = 0, save_threw = 0, loads = 0, load_threw = 0;
+    for (long nth = 1;; ++nth) {
+      CAPTURE(nth);
+      fail_nth = me == failing ? nth : 0;
+      const std::string what = thrown([&] { opt.save(path); });
+      const bool past_the_end = fail_nth > 0;
+      fail_nth = 0;
+      CAPTURE(what);
+      const std::uint64_t threw = sum_over_ranks(!what.empty());
+      CHECK((threw == 0 || threw == std::uint64_t(R)));
+      save_threw += threw > 0;
+      REQUIRE(opt.usable());  // (a refused save changes nothing)
+      CHECK(loaded() == want);
+      // a save that goes through: it removes what the failure left (a shard whose clean-up
+      // failed, say), so that each count starts from the same directory
+      opt.save(path);
+      MPI_Barrier(MPI_COMM_WORLD);  // (each rank removes its old shards after the save's last collective)
+      CHECK(shard_files_of(path) == std::size_t(R));
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (sum_over_ranks(past_the_end) > 0) break;
+      ++saves;
+    }
+    for (long nth = 1;; ++nth) {
+      CAPTURE(nth);
+      model m2;
+      Opt o2(test_config(true), comm_t(MPI_COMM_WORLD));
+      m2.add_to(o2);
+      o2.initialize();
+      src.local_grads(m2, 0);
+      o2.step();  // (a state other than the file's)
+      const std::vector<unsigned char> before = state_of(o2, m2);
+      fail_nth = me == failing ? nth : 0;
+      const std::string what = thrown([&] { o2.load(path); });
+      const bool past_the_end = fail_nth > 0;
+      fail_nth = 0;
+      CAPTURE(what);
+      const std::uint64_t threw = sum_over_ranks(!what.empty());
+      CHECK((threw == 0 || threw == std::uint64_t(R)));
+      load_threw += threw > 0;
+      if (threw > 0) {
+        const bool usable = o2.usable();
+        CHECK(same_everywhere(usable));
+        if (usable) CHECK(state_of(o2, m2) == before);
+      } else {
+        CHECK(state_of(o2, m2) == want);
+      }
+      o2.load(path);
+      CHECK(state_of(o2, m2) == want);
+      if (sum_over_ranks(past_the_end) > 0) break;
+      ++loads;
+    }
+    MESSAGE("rank ", failing, " failing: ", saves, " allocations of a save (", save_threw, " thrown everywhere), ", loads,
+            " of a load (", load_threw, ")");
+    CHECK(save_threw > 0);
+    CHECK(load_threw > 0);
+  }
+}
+
 TEST_CASE("data parallel: a copy call's buffer that one rank cannot allocate: every rank refuses, then goes on") {
   // column_counts() and copy_params_synchronized() (with a host update in flight) allocate a
   // buffer for every rank's columns before gathering them; a rank that could not would throw

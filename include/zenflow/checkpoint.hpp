@@ -21,14 +21,18 @@
 #include <ctime>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
+#  include <dirent.h>
 #  include <fcntl.h>
 #  include <sys/file.h>
 #  include <sys/stat.h>
@@ -206,6 +210,43 @@ struct live_temporaries {
   }
 };
 
+// Calls f(name) for each entry of directory `dir` ("": the working directory; "." and ".."
+// left out; f may throw). Returns false, with ec saying why, if the directory could not be
+// listed whole. With POSIX, readdir: std::filesystem's iterator (libstdc++'s) ends the process
+// when an allocation fails while it advances, where this lets the caller's own bad_alloc reach
+// it (a save refused on every rank rather than a rank gone).
+template <class F>
+bool for_each_name(const std::string& dir, F&& f, std::error_code& ec) {
+  ec.clear();
+#if defined(__unix__) || defined(__APPLE__)
+  struct closer {
+    void operator()(DIR* d) const noexcept { ::closedir(d); }
+  };
+  const std::unique_ptr<DIR, closer> d(::opendir(dir.empty() ? "." : dir.c_str()));
+  if (!d) {
+    ec = std::error_code(errno, std::generic_category());
+    return false;
+  }
+  for (;;) {
+    errno = 0;
+    const dirent* e = ::readdir(d.get());
+    if (!e) {
+      if (errno != 0) ec = std::error_code(errno, std::generic_category());
+      return !ec;
+    }
+    const std::string_view name(e->d_name);
+    if (name != "." && name != "..") f(name);
+  }
+#else
+  for (std::filesystem::directory_iterator it(dir.empty() ? std::string(".") : dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    f(std::string_view(name));
+  }
+  return !ec;
+#endif
+}
+
 // A temporary file nothing has written to for this long, and whose writer is gone, is stale.
 inline constexpr std::time_t stale_temporary_seconds = 60;
 
@@ -221,23 +262,21 @@ inline void remove_stale_temporaries(const std::string& path) noexcept {
     const std::size_t slash = path.find_last_of('/');
     const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
     const std::string prefix = path.substr(dir.size()) + ".tmp.";
-    auto digits = [](const std::string& s, std::size_t& k) {
+    auto digits = [](std::string_view s, std::size_t& k) {
       const std::size_t k0 = k;
       while (k < s.size() && s[k] >= '0' && s[k] <= '9' && k - k0 < 20) ++k;
       return k > k0;
     };
     std::error_code ec;
     std::vector<std::string> stale;
-    for (std::filesystem::directory_iterator it(dir.empty() ? std::string(".") : dir, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    for_each_name(dir, [&](std::string_view name) {
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return;
       std::size_t k = prefix.size();
-      if (!digits(name, k) || k >= name.size() || name[k] != '.') continue;
+      if (!digits(name, k) || k >= name.size() || name[k] != '.') return;
       ++k;
-      if (!digits(name, k) || k != name.size()) continue;
-      stale.push_back(dir + name);
-    }
+      if (!digits(name, k) || k != name.size()) return;
+      stale.push_back(dir + std::string(name));
+    }, ec);
     const std::time_t now = std::time(nullptr);
     for (const std::string& f : stale) {
       if (live_temporaries::contains(f)) continue;
@@ -328,7 +367,13 @@ class file_writer : public typed_writes<file_writer> {
   // rename is durable too (the directory's sync succeeded): a caller about to remove what the
   // old file referred to does so only then, else a crash could keep the removals and lose the
   // rename.
+  // What allocates comes first: after the rename nothing throws, since the file is in place (a
+  // caller that saw an exception would take the new file for a failed one and undo around it).
   bool commit() {
+#if defined(__unix__) || defined(__APPLE__)
+    const std::size_t slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+#endif
     bool ok = std::fflush(f_) == 0;
 #if defined(__unix__) || defined(__APPLE__)
     ok = ok && ::fsync(fileno(f_)) == 0;
@@ -345,8 +390,6 @@ class file_writer : public typed_writes<file_writer> {
     }
     bool durable = true;
 #if defined(__unix__) || defined(__APPLE__)
-    const std::size_t slash = path_.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
     durable = false;
     if (const int d = ::open(dir.c_str(), O_RDONLY); d >= 0) {  // make the rename itself durable
       durable = ::fsync(d) == 0;

@@ -543,15 +543,21 @@ class optimizer {
   // rank read, its check pass done). Then the ranks compare what they read: two complete
   // checkpoints at one path (one saved over it while the ranks opened it, or copies out of step
   // between nodes) would pass every rank's checks and leave the ranks' states apart.
+  // What the digests' gather needs is got on each side of the first vote, so that no rank can
+  // fail between its two votes while the others wait in the gather: the tables before it (a rank
+  // that cannot allocate them votes no), the device's gather space after it, before the second
+  // vote is owed (a collective of its own, failing on every rank alike).
   void agree_to_commit(const ckpt::input& in) {
     if constexpr (data_parallel) {
-      load_vote_ = 2;
-      if (!comm_.all_agree(true)) in.fail("another rank could not load its checkpoint; nothing was changed");
-      load_vote_ = 1;
       const std::size_t R = std::size_t(comm_.size());
       std::vector<std::uint64_t> digests(R, 0);
-      digests[std::size_t(comm_.rank())] = in.digest();
       std::vector<std::size_t> bytes(R, sizeof(std::uint64_t));
+      load_vote_ = 2;
+      if (!comm_.all_agree(true)) in.fail("another rank could not load its checkpoint; nothing was changed");
+      if constexpr (!std::is_same_v<typename Communicator::space, host_space>)
+        if (distributed()) (void)gather_space(R * sizeof(std::uint64_t));
+      load_vote_ = 1;
+      digests[std::size_t(comm_.rank())] = in.digest();
       all_gather_host(digests.data(), bytes.data());
       for (std::size_t r = 1; r < R; ++r)
         if (digests[r] != digests[0])

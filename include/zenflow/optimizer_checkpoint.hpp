@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <system_error>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -125,35 +126,34 @@ struct optimizer_checkpoint {
     std::vector<shard_file> out;
     std::error_code ec;
     const std::string prefix = base + ".g";
-    auto number = [](const std::string& s, std::size_t& k, std::uint64_t& v) {
+    auto number = [](std::string_view s, std::size_t& k, std::uint64_t& v) {
       const std::size_t k0 = k;
       for (v = 0; k < s.size() && s[k] >= '0' && s[k] <= '9' && v < (std::uint64_t(1) << 59); ++k)
         v = v * 10 + std::uint64_t(s[k] - '0');
       return k > k0;
     };
-    for (std::filesystem::directory_iterator it(dir.empty() ? std::string(".") : dir, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    ckpt::for_each_name(dir, [&](std::string_view name) {
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return;
       std::size_t k = prefix.size();
       std::uint64_t g = 0, r = 0, m = 0;
-      if (!number(name, k, g) || name.compare(k, 5, ".rank") != 0) continue;
+      if (!number(name, k, g) || name.compare(k, 5, ".rank") != 0) return;
       k += 5;
-      if (!number(name, k, r) || name.compare(k, 4, "-of-") != 0) continue;
+      if (!number(name, k, r) || name.compare(k, 4, "-of-") != 0) return;
       k += 4;
-      if (!number(name, k, m)) continue;
+      if (!number(name, k, m)) return;
       if (k != name.size()) {  // a temporary file: .tmp.<digits>.<digits>, exactly
         std::uint64_t x = 0;
-        if (name.compare(k, 5, ".tmp.") != 0) continue;
+        if (name.compare(k, 5, ".tmp.") != 0) return;
         k += 5;
-        if (!number(name, k, x) || k >= name.size() || name[k] != '.') continue;
+        if (!number(name, k, x) || k >= name.size() || name[k] != '.') return;
         ++k;
-        if (!number(name, k, x) || k != name.size()) continue;
+        if (!number(name, k, x) || k != name.size()) return;
       }
+      std::string file = dir + std::string(name);
       std::error_code fec;
-      if (!it->is_regular_file(fec)) continue;
-      out.push_back({g, r, dir + name});
-    }
+      if (!std::filesystem::is_regular_file(file, fec)) return;
+      out.push_back({g, r, std::move(file)});
+    }, ec);
     if (error) *error = ec;
     return out;
   }
@@ -200,8 +200,11 @@ struct optimizer_checkpoint {
     } else {
       // a sharded set that <path> named before is no longer named by anything: its shards go
       // (once the new file's rename is durable)
-      if (write(o, path, nullptr))
+      if (!write(o, path, nullptr)) return;
+      try {  // (the save is done: a listing that fails, out of memory, leaves them for the next one)
         for (const shard_file& f : shard_files(dir_of(path), base_of(path))) std::remove(f.path.c_str());
+      } catch (const std::exception&) {
+      }
     }
   }
 
@@ -222,7 +225,6 @@ struct optimizer_checkpoint {
     if (std::uint64_t(R) > max_shards)  // (the same R on every rank: every rank throws here)
       throw std::runtime_error("zenflow: a sharded checkpoint holds at most " + std::to_string(max_shards) +
                                " shards; this job has " + std::to_string(R) + " ranks");
-    std::vector<std::size_t> counts(std::size_t(R), 16);
     // rank 0 tells every rank the new generation: above the previous set's and above every shard
     // file of this base in the directory, so that a set whose manifest cannot be read (damaged,
     // or an I/O error) never has its shards overwritten. With it, each rank's path made absolute
@@ -232,15 +234,31 @@ struct optimizer_checkpoint {
     // before anything is written.
     // A directory rank 0 cannot list (an I/O error, no permission, no descriptor left) gives no
     // generation (0): a guess could be the current set's, whose shards the new ones would replace.
-    std::vector<std::uint64_t> gen(2 * std::size_t(R), 0);
+    // Between collectives nothing is thrown on one rank alone: what fails (an allocation, rank
+    // 0's listing running out of memory) is caught and voted on, so that every rank refuses at
+    // the same point instead of leaving the others waiting in the next collective.
+    std::vector<std::size_t> counts;
+    std::vector<std::uint64_t> gen;
     std::error_code unlisted;
-    if (rank == 0) {
-      if (const auto high = highest_generation(dir_of(path), base_of(path), unlisted)) {
-        gen[0] = *high + 1;
-        if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
+    std::exception_ptr early;
+    try {
+      counts.assign(std::size_t(R), 16);
+      gen.assign(2 * std::size_t(R), 0);
+      if (rank == 0) {
+        if (const auto high = highest_generation(dir_of(path), base_of(path), unlisted)) {
+          gen[0] = *high + 1;
+          if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
+        }
       }
+      gen[2 * std::size_t(rank) + 1] = path_digest(path);
+    } catch (...) {
+      early = std::current_exception();
     }
-    gen[2 * std::size_t(rank) + 1] = path_digest(path);
+    if (!comm.all_agree(!early)) {
+      if (early) std::rethrow_exception(early);
+      throw std::runtime_error("zenflow: save(" + path + ") refused on every rank: another rank failed before "
+                               "anything was written (it threw its error); the previous checkpoint stands");
+    }
     o.all_gather_host(gen.data(), counts.data());
     if (gen[0] == 0)
       throw std::runtime_error("zenflow: save(" + path + ") refused on every rank: rank 0 could not list the directory "
@@ -252,14 +270,17 @@ struct optimizer_checkpoint {
         throw std::invalid_argument("zenflow: save(" + path + ") refused on every rank: rank " + std::to_string(r) +
                                     "'s path names another file than rank 0's (every rank must pass the same path, "
                                     "naming the same place: made absolute, they differ); nothing was written");
-    const std::string dir = dir_of(path), base = base_of(path);
-    const std::string mine = shard_path(dir, base, gen[0], rank, R);  // (gen[0]: rank 0's)
+    std::string dir, base, mine;
     std::exception_ptr failed;
     bool wrote = false;    // (only a shard this call wrote is removed when the save gives up)
     bool durable = false;  // this rank's renames, its shard's and rank 0's manifest's, synced
     // each rank's shard: its size and digest, gathered for the manifest
-    std::vector<std::uint64_t> shards(2 * std::size_t(R), 0);
+    std::vector<std::uint64_t> shards;
     try {
+      dir = dir_of(path);
+      base = base_of(path);
+      mine = shard_path(dir, base, gen[0], rank, R);  // (gen[0]: rank 0's)
+      shards.assign(2 * std::size_t(R), 0);
       // A new generation has no files yet; one there already (a directory listed in part, or
       // a file made meanwhile) may be a set's that a manifest names: it is not written over.
       std::error_code ec;  // (not found: file_type::not_found; a failed look-up: file_type::none)
@@ -305,9 +326,15 @@ struct optimizer_checkpoint {
     // while writing them left. Each rank removes the files of its rank number, rank 0 also those
     // of ranks beyond R (a previous set of more ranks), so that ranks on file systems of their
     // own clean up theirs.
-    for (const shard_file& f : shard_files(dir, base))
-      if (f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R))))
-        std::remove(f.path.c_str());
+    // (After the last collective, and the new set stands: a listing that fails here, out of
+    // memory, leaves the older shards for the next save to remove rather than fail this rank's
+    // save alone.)
+    try {
+      for (const shard_file& f : shard_files(dir, base))
+        if (f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R))))
+          std::remove(f.path.c_str());
+    } catch (const std::exception&) {
+    }
   }
 
   // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
