@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -188,4 +189,59 @@ TEST_CASE("C API: a registration that runs out of memory leaves nothing behind, 
     }
     CHECK(failures >= 2);  // (the records of both buffers, at least)
   }
+}
+
+TEST_CASE("C API: a save whose allocation fails leaves the previous file, and one that returns ZF_OK the new one") {
+  // Each allocation of zf_save failing in turn, over a file holding state A while the optimizer
+  // holds state B (a step later): ZF_OUT_OF_MEMORY must leave A at the path, loadable; ZF_OK
+  // must mean B is there (a failure it absorbed, the clean-up after the rename, changes
+  // nothing). A save that reported a failure after its rename would leave B behind a failure
+  // status. The optimizer stays usable throughout. (The file is put back to A before each try.)
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/c_api_save_oom.zfckpt";
+  const char* conf = "{\"topk_ratio\": 0.25, \"update_interval\": 1, \"select_interval\": 2}";
+  std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f), w2(w.size(), 0.0f), g2(g.size(), 0.0f);
+  zf_optimizer *opt = nullptr, *other = nullptr;
+  REQUIRE(zf_create("zenflow", conf, &opt) == ZF_OK);
+  REQUIRE(zf_create("zenflow", conf, &other) == ZF_OK);
+  REQUIRE(zf_add_matrix(opt, w.data(), g.data(), 8, 16, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+  REQUIRE(zf_add_matrix(other, w2.data(), g2.data(), 8, 16, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+  REQUIRE(zf_initialize(opt) == ZF_OK);
+  REQUIRE(zf_initialize(other) == ZF_OK);
+  REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);
+  REQUIRE(zf_save(opt, path.c_str()) == ZF_OK);
+  const std::vector<float> a = w;
+  std::string a_bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    a_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);
+  REQUIRE(zf_synchronize(opt) == ZF_OK);
+  const std::vector<float> b = w;
+  REQUIRE(a != b);
+  int failures = 0, absorbed = 0;
+  for (int n = 1;; ++n) {
+    CAPTURE(n);
+    { std::ofstream(path, std::ios::binary | std::ios::trunc) << a_bytes; }
+    fail_nth = n;
+    const zf_status st = zf_save(opt, path.c_str());
+    const bool met = fail_nth == 0;
+    fail_nth = 0;
+    REQUIRE(zf_load(other, path.c_str()) == ZF_OK);
+    if (st == ZF_OK) {
+      CHECK(w2 == b);
+      absorbed += met;
+    } else {
+      CHECK(st == ZF_OUT_OF_MEMORY);
+      CHECK(w2 == a);
+      ++failures;
+    }
+    CHECK(zf_synchronize(opt) == ZF_OK);  // usable
+    if (!met) break;
+  }
+  CHECK(failures >= 3);
+  MESSAGE(failures, " allocations of a save failed it, ", absorbed, " were absorbed");
+  zf_destroy(opt);
+  zf_destroy(other);
+  std::remove(path.c_str());
 }
