@@ -8,7 +8,8 @@ if(TBB_FOUND AND TBB_VERSION AND TBB_VERSION VERSION_LESS 2021)
   set(TBB_FOUND FALSE)
   if(CMAKE_FIND_PACKAGE_NAME)  # (in the installed package's config; the build tree stops below)
     set(${CMAKE_FIND_PACKAGE_NAME}_NOT_FOUND_MESSAGE
-        "${CMAKE_FIND_PACKAGE_NAME} needs oneTBB 2021 or newer; found TBB ${TBB_VERSION} (${TBB_DIR})")
+        "${CMAKE_FIND_PACKAGE_NAME} needs oneTBB 2021 or newer; found TBB ${TBB_VERSION} (${TBB_DIR}; the first "
+        "TBB found is the one used: point TBB_DIR at a newer one)")
     set(${CMAKE_FIND_PACKAGE_NAME}_FOUND FALSE)
     return()
   endif()

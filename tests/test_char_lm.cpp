@@ -176,8 +176,9 @@ TEST_CASE("char_lm: the tiled dense layers give the plain loops' bits, at any si
   // would round differently (checked: summing dx's outputs in reverse fails this test).
   zf_test::rng r(11);
   const std::size_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {4, 8, 16}, {5, 33, 9}, {8, 4, 64}, {9, 13, 100}, {33, 70, 31}};
-  // dense_back's scratch is kept from shape to shape, as a trainer's batch_state keeps it: what a
-  // larger call left in it must not leak into a smaller one (it starts as garbage here)
+  // dense_back's scratch is kept from shape to shape, as a trainer's batch_state keeps it, and
+  // starts as garbage: what an earlier call left in it is overwritten or lands only in the
+  // padding rows, whose sums are dropped (a guard against reading past what a call wrote)
   std::vector<float> scratch(5000, 1e30f);
   for (const auto& sh : shapes)
     for (const int threads : {1, 2}) {

@@ -72,8 +72,9 @@ struct optimizer_stats {
                                         // tables (none on the host space)
   std::uint64_t device_bytes = 0;       // on the device (host memory too, on the host space)
   // Host memory of the per-tensor records: registrations, shapes and groups, column lists, the
-  // state descriptors (registrations count from the first one; the rest from initialize()).
-  // Small next to the state unless a model has very many small tensors.
+  // state descriptors (registrations count from the first one; the rest from initialize()); on
+  // the CUDA space also the per-column scores a host-side selection downloads (8 bytes a column
+  // and kind). Small next to the state unless a model has very many small tensors.
   std::uint64_t host_bookkeeping_bytes = 0;
   // Data parallel (a multi-process Communicator): the bytes this rank sent to agree on the
   // gradient (its pieces of the reduction; with the gradients reduce-scattered also its blocks'
@@ -534,7 +535,7 @@ class optimizer {
         throw;
       }
       if (!comm_.all_agree(true)) {
-        broken_ = "another rank's checkpoint load failed while committing";
+        mark_broken([] { return std::string("another rank's checkpoint load failed while committing"); });
         throw std::runtime_error("zenflow: " + broken_);
       }
     }
@@ -1025,11 +1026,22 @@ class optimizer {
     try {
       return f();
     } catch (const std::exception& e) {
-      broken_ = e.what();
+      mark_broken([&] { return std::string(e.what()); });
       throw;
     } catch (...) {
-      broken_ = "an unknown exception";
+      mark_broken([] { return std::string("an unknown exception"); });
       throw;
+    }
+  }
+  // Marks the optimizer unusable, why() saying why; where that text cannot be had (no memory),
+  // with a short fixed one that needs none (held inside the string: libstdc++ keeps 15
+  // characters so), so that a failure never leaves it looking usable.
+  template <class Why>
+  void mark_broken(Why&& why) noexcept {
+    try {
+      broken_ = why();
+    } catch (...) {
+      broken_ = "out of memory";
     }
   }
   static bool grad_scale_ok(float s) noexcept {
@@ -1082,7 +1094,9 @@ class optimizer {
         if (votes[r].cannot == 2) quiesce();  // throws the job's error (and marks this rank)
         check_usable();
       }
-      broken_ = "rank " + std::to_string(r) + (votes[r].cannot == 1 ? "'s optimizer failed midway" : "'s background job failed");
+      mark_broken([&] {
+        return "rank " + std::to_string(r) + (votes[r].cannot == 1 ? "'s optimizer failed midway" : "'s background job failed");
+      });
       throw std::runtime_error("zenflow: step() refused on every rank: " + broken_ +
                                "; the ranks are no longer in step: load a checkpoint on every rank to go on");
     }
@@ -1149,7 +1163,7 @@ class optimizer {
                  " failed on another rank (which threw its error); the ranks are no longer in step: load a "
                  "checkpoint on every rank to go on";
         },
-        [&] { broken_ = std::string(call) + " failed on another rank"; });
+        [&] { mark_broken([&] { return std::string(call) + " failed on another rank"; }); });
   }
   // A part of a step that could fail on this rank alone (its allocations) before the step's
   // next collective: voted on, so that every rank throws there (and, the step having failed

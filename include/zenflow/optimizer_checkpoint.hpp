@@ -213,7 +213,7 @@ struct optimizer_checkpoint {
     std::string abs;
     try {
       abs = std::filesystem::absolute(std::filesystem::path(path)).lexically_normal().string();
-    } catch (const std::exception&) {  // (no working directory: the path as given)
+    } catch (const std::filesystem::filesystem_error&) {  // (no working directory: the path as given)
       abs = path;
     }
     return ckpt::fnv1a64(reinterpret_cast<const unsigned char*>(abs.data()), abs.size());
@@ -673,12 +673,12 @@ struct optimizer_checkpoint {
 
     // ---- Pass 2, everything checked (data parallel: on every rank): commit ----
     o.agree_to_commit(in);
-    o.quiesce();
     try {
+      o.quiesce();
       commit(o, in, first, where, buf);
       for (auto& sh : shards) commit_shard(o, sh, buf);
     } catch (const std::exception& e) {
-      o.broken_ = std::string("a checkpoint load failed while committing: ") + e.what();
+      o.mark_broken([&] { return std::string("a checkpoint load failed while committing: ") + e.what(); });
       throw;
     }
     o.cfg_.adam.lr = fc.adam.lr;

@@ -1,8 +1,8 @@
 # vcpkg port of zenflow, as an overlay port of this repository:
 #   vcpkg install zenflow --overlay-ports=<zenflow>/cmake/vcpkg/ports
 # (a registry port would fetch a release with vcpkg_from_github instead of SOURCE_PATH below).
-# vcpkg's binary cache keys this port on the port's files only, not on the sources it builds:
-# after editing zenflow, install with VCPKG_BINARY_SOURCES=clear (or raise port-version).
+# vcpkg knows this port by the port's files only, not by the sources it builds: after editing
+# zenflow, raise port-version (see the README for the alternative).
 # tests/vcpkg_port.cmake runs the same configure and install into a staging tree with vcpkg's
 # layout and builds the manifest-mode example against it; keep the options in step with it.
 set(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../../../..")
