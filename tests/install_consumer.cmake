@@ -101,10 +101,23 @@ endif()
     if(NOT rc EQUAL 0 OR NOT found_dir STREQUAL tbb_dir)
       message(FATAL_ERROR "oneTBB ${tbb} (a same-major version file) should be accepted (used: ${found_dir}):\n${out}\n${err}")
     endif()
-  elseif(tbb_major LESS 2021 AND (rc EQUAL 0 OR NOT err MATCHES "needs oneTBB 2021 or newer; found TBB ${tbb}"))
-    message(FATAL_ERROR "oneTBB ${tbb} should be refused, naming its version:\n${out}\n${err}")
+  else()
+    string(REGEX REPLACE "[ \t\r\n]+" " " flat "${err}")  # (CMake wraps long messages)
+    if(rc EQUAL 0 OR NOT flat MATCHES "needs oneTBB 2021 or newer; found TBB ${tbb}")
+      message(FATAL_ERROR "oneTBB ${tbb} should be refused, naming its version:\n${out}\n${err}")
+    endif()
+    # and zenflow's own build (as a subproject here) refuses it too, naming it
+    execute_process(
+      COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir-tbb${tbb_major}"
+              -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DZF_SOURCE_DIR=${SOURCE_DIR}
+              -DZENFLOW_ENABLE_CUDA=OFF -DTBB_DIR=${tbb_dir}
+      RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    string(REGEX REPLACE "[ \t\r\n]+" " " flat "${err}")
+    if(rc EQUAL 0 OR NOT flat MATCHES "zenflow needs oneTBB 2021 or newer, found ${tbb}")
+      message(FATAL_ERROR "zenflow's build should refuse oneTBB ${tbb}, naming its version:\n${out}\n${err}")
+    endif()
   endif()
-  message(STATUS "oneTBB ${tbb}: ${rc}")
+  message(STATUS "oneTBB ${tbb}: refused or accepted as it should be")
 endforeach()
 
 # The same consumer with zenflow as a subproject (add_subdirectory / FetchContent style).

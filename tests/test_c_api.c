@@ -124,7 +124,7 @@ static void zenflow_trains_and_resumes(const char* path) {
   memcpy(again, w, sizeof w);
   CHECK(memcmp(saved, again, sizeof w) == 0);
   float master[N];
-  OK(zf_copy_master(opt, 0, master));
+  OK(zf_copy_master(opt, 0, master, N));
   CHECK(memcmp(master, w, sizeof w) == 0); /* fp32 params: the visible params are the masters */
   zf_destroy(opt);
   remove(path);
@@ -134,6 +134,7 @@ static int contains(const char* s, const char* part) { return strstr(s, part) !=
 
 static void bad_calls(const char* dir) {
   zf_optimizer* opt = (zf_optimizer*)&failures; /* overwritten with NULL on failure */
+  zf_optimizer* opt2 = (zf_optimizer*)&failures;
   CHECK(zf_create("adam", NULL, &opt) == ZF_INVALID_ARGUMENT);
   CHECK(opt == NULL);
   CHECK(contains(zf_last_error(), "unknown optimizer 'adam'"));
@@ -152,12 +153,33 @@ static void bad_calls(const char* dir) {
   CHECK(contains(zf_last_error(), "matrix 0: param is null"));
   CHECK(zf_add_matrix(opt, w, dw, R, C, 7, ZF_F32, ZF_ROW_MAJOR, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(contains(zf_last_error(), "unknown dtype"));
+  CHECK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, 2, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), "unknown layout"));
+  CHECK(zf_add_vector(opt, w, dw, N, ZF_F32, -1, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), "unknown dtype"));
+  /* a buffer off its element's alignment; rows * cols past what a size_t holds */
+  CHECK(zf_add_matrix(opt, (char*)w + 1, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), "aligned"));
+  CHECK(zf_add_matrix(opt, w, dw, (size_t)-1, 2, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_create(NULL, NULL, &opt2) == ZF_INVALID_ARGUMENT);
+  CHECK(opt2 == NULL);
+  CHECK(zf_create("zenflow", NULL, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_stats_get(opt, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_copy_master(opt, 0, NULL, N) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_save(opt, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_load(opt, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(zf_step(opt, 1.0f, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(contains(zf_last_error(), "step() before initialize()"));
   CHECK(zf_set_group(opt, "no_decay") == ZF_INVALID_ARGUMENT); /* the config defines no group */
   CHECK(contains(zf_last_error(), "no parameter group \"no_decay\" (defined: none)"));
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL));
   OK(zf_initialize(opt));
+  CHECK(zf_initialize(opt) == ZF_INVALID_ARGUMENT); /* twice */
+  float b[V], db[V];
+  memset(b, 0, sizeof b);
+  memset(db, 0, sizeof db);
+  CHECK(zf_add_vector(opt, b, db, V, ZF_F32, ZF_F32, NULL) == ZF_INVALID_ARGUMENT); /* after it */
+  CHECK(contains(zf_last_error(), "initialize"));
   CHECK(zf_step(opt, -1.0f, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(contains(zf_last_error(), "grad_scale must be finite and > 0"));
   dw[3] = NAN;
@@ -171,8 +193,13 @@ static void bad_calls(const char* dir) {
   snprintf(path, sizeof path, "%s/no-such-file.zfckpt", dir);
   CHECK(zf_load(opt, path) == ZF_CHECKPOINT_ERROR);
   CHECK(contains(zf_last_error(), "cannot open the file"));
-  CHECK(zf_copy_master(opt, 1, w) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_copy_master(opt, 1, w, N) == ZF_INVALID_ARGUMENT);
   CHECK(contains(zf_last_error(), "no matrix 1"));
+  /* a buffer of another size than the matrix's: refused, nothing written */
+  memset(w, 0x7f, sizeof w);
+  CHECK(zf_copy_master(opt, 0, w, N - 1) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), "out holds 59 floats, matrix 0 has 60 (rows * cols)"));
+  CHECK(w[0] == w[N - 1] && w[0] != 0.0f);
   zf_destroy(opt);
 }
 

@@ -12,6 +12,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -87,6 +88,13 @@ TEST_CASE("C API: each exception type maps to its status; an internal logic erro
   CHECK(status_of([] { throw zenflow::unusable_error("c"); }) == ZF_UNUSABLE);
   CHECK(status_of([] { throw std::bad_alloc(); }) == ZF_OUT_OF_MEMORY);
   CHECK(status_of([] { throw std::runtime_error("c"); }) == ZF_IO_ERROR);
+  // a thread the system could not start (std::thread's error), or its memory: out of resources;
+  // another system error stays an I/O error
+  CHECK(status_of([] { throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again)); }) ==
+        ZF_OUT_OF_MEMORY);
+  CHECK(status_of([] { throw std::system_error(std::make_error_code(std::errc::not_enough_memory)); }) ==
+        ZF_OUT_OF_MEMORY);
+  CHECK(status_of([] { throw std::system_error(std::make_error_code(std::errc::no_space_on_device)); }) == ZF_IO_ERROR);
   // what no valid call should meet: a fault of zenflow's own, not "load a checkpoint"
   CHECK(status_of([] { throw std::logic_error("c"); }) == ZF_INTERNAL_ERROR);
   CHECK(status_of([] { throw std::out_of_range("c"); }) == ZF_INTERNAL_ERROR);
@@ -111,8 +119,11 @@ TEST_CASE("C API: the call that fails midway returns ZF_UNUSABLE, and so does wo
   // one after it is ZF_UNUSABLE, from that very call, naming the cause.
   zf_status st = ZF_OK;
   std::string msg;
+  std::vector<float> master_before(w.size()), master_after(w.size());
   for (int n = 1; n < 10000 && st != ZF_UNUSABLE; ++n) {
     CAPTURE(n);
+    REQUIRE(zf_copy_master(opt, 0, master_before.data(), master_before.size()) == ZF_OK);
+    const std::vector<float> w_before = w;
     fail_nth = n;
     st = zf_step(opt, 1.0f, nullptr);
     const bool failed = fail_nth == 0;  // (the n-th allocation came)
@@ -123,8 +134,15 @@ TEST_CASE("C API: the call that fails midway returns ZF_UNUSABLE, and so does wo
       REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);  // the next step: a selection again
       continue;
     }
-    if (st == ZF_OUT_OF_MEMORY) REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);  // usable: nothing changed
-    else REQUIRE(st == ZF_UNUSABLE);
+    REQUIRE(failed);  // (a failure status only from the failed allocation)
+    if (st == ZF_OUT_OF_MEMORY) {  // usable, and nothing changed: the params and the masters
+      REQUIRE(zf_copy_master(opt, 0, master_after.data(), master_after.size()) == ZF_OK);
+      CHECK(w == w_before);
+      CHECK(master_after == master_before);
+      REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);
+    } else {
+      REQUIRE(st == ZF_UNUSABLE);
+    }
   }
   REQUIRE(st == ZF_UNUSABLE);
   CHECK_MESSAGE(msg.find("out of memory") != std::string::npos, msg);

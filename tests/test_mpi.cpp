@@ -1370,19 +1370,29 @@ TEST_CASE_TEMPLATE("data parallel: each allocation of a save, then of a load, fa
     o2.load(path);
     return state_of(o2, m2);
   };
+  // call() with the calling thread's nth allocation failing on rank `failing`: whether any rank
+  // threw (checked: every rank or none), and whether the nth allocation came on no rank (the
+  // sweep's end)
+  struct attempt_result {
+    bool threw, past_the_end;
+  };
+  auto attempt = [&](int failing, long nth, auto&& call) {
+    fail_nth = me == failing ? nth : 0;
+    const std::string what = thrown(call);
+    const bool past_the_end = fail_nth > 0;
+    fail_nth = 0;
+    CAPTURE(what);
+    const std::uint64_t threw = sum_over_ranks(!what.empty());
+    CHECK((threw == 0 || threw == std::uint64_t(R)));
+    return attempt_result{threw > 0, sum_over_ranks(past_the_end) > 0};
+  };
   for (int failing = 0; failing < R; failing += std::max(1, R - 1)) {
     CAPTURE(failing);
     long saves = 0, save_threw = 0, loads = 0, load_threw = 0;
     for (long nth = 1;; ++nth) {
       CAPTURE(nth);
-      fail_nth = me == failing ? nth : 0;
-      const std::string what = thrown([&] { opt.save(path); });
-      const bool past_the_end = fail_nth > 0;
-      fail_nth = 0;
-      CAPTURE(what);
-      const std::uint64_t threw = sum_over_ranks(!what.empty());
-      CHECK((threw == 0 || threw == std::uint64_t(R)));
-      save_threw += threw > 0;
+      const attempt_result a = attempt(failing, nth, [&] { opt.save(path); });
+      save_threw += a.threw;
       // (each check on a value every rank agrees on first: a rank alone leaving the loop, or
       // alone entering a collective, would hang the others instead of reporting the failure)
       const bool all_usable = sum_over_ranks(opt.usable()) == std::uint64_t(R);
@@ -1394,7 +1404,7 @@ TEST_CASE_TEMPLATE("data parallel: each allocation of a save, then of a load, fa
       MPI_Barrier(MPI_COMM_WORLD);  // (each rank removes its old shards after the save's last collective)
       CHECK(shard_files_of(path) == std::size_t(R));
       MPI_Barrier(MPI_COMM_WORLD);
-      if (sum_over_ranks(past_the_end) > 0) break;
+      if (a.past_the_end) break;
       ++saves;
     }
     for (long nth = 1;; ++nth) {
@@ -1406,15 +1416,9 @@ TEST_CASE_TEMPLATE("data parallel: each allocation of a save, then of a load, fa
       src.local_grads(m2, 0);
       o2.step();  // (a state other than the file's)
       const std::vector<unsigned char> before = state_of(o2, m2);
-      fail_nth = me == failing ? nth : 0;
-      const std::string what = thrown([&] { o2.load(path); });
-      const bool past_the_end = fail_nth > 0;
-      fail_nth = 0;
-      CAPTURE(what);
-      const std::uint64_t threw = sum_over_ranks(!what.empty());
-      CHECK((threw == 0 || threw == std::uint64_t(R)));
-      load_threw += threw > 0;
-      if (threw > 0) {
+      const attempt_result a = attempt(failing, nth, [&] { o2.load(path); });
+      load_threw += a.threw;
+      if (a.threw) {
         const std::uint64_t usable = sum_over_ranks(o2.usable());
         CHECK((usable == 0 || usable == std::uint64_t(R)));
         if (usable == std::uint64_t(R)) CHECK(state_of(o2, m2) == before);
@@ -1423,7 +1427,7 @@ TEST_CASE_TEMPLATE("data parallel: each allocation of a save, then of a load, fa
       }
       o2.load(path);
       CHECK(state_of(o2, m2) == want);
-      if (sum_over_ranks(past_the_end) > 0) break;
+      if (a.past_the_end) break;
       ++loads;
     }
     MESSAGE("rank ", failing, " failing: ", saves, " allocations of a save (", save_threw, " thrown everywhere), ", loads,

@@ -28,7 +28,7 @@ typedef enum zf_status {
   ZF_INVALID_ARGUMENT = 1, /* a bad argument, config value or registration, or a call out of order */
   ZF_CHECKPOINT_ERROR = 2, /* a checkpoint that is unreadable, corrupt or not this optimizer's */
   ZF_IO_ERROR = 3,         /* saving failed (disk full, no such directory; nothing changed), or another runtime error */
-  ZF_OUT_OF_MEMORY = 4,
+  ZF_OUT_OF_MEMORY = 4,     /* memory, or a thread the system could not give */
   /* The optimizer cannot go on: this call failed midway (a step, a background host update it
    * met, a load's commit; the message names the cause, out of memory say), or an earlier one
    * did. zf_step, zf_synchronize and zf_save then return ZF_UNUSABLE until a zf_load succeeds;
@@ -63,7 +63,9 @@ void zf_destroy(zf_optimizer* opt);
 
 /* Registration, before zf_initialize. rows = output features, cols = input features (a column is
  * what ZenFlow selects). *id_out (may be NULL) receives the matrix's or vector's index, each
- * counted from 0 in its own sequence. */
+ * counted from 0 in its own sequence. param and grad must stay valid, in place, until
+ * zf_destroy; each aligned to its element size and not overlapping another registered buffer
+ * (else ZF_INVALID_ARGUMENT). */
 zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t rows, size_t cols,
                         int param_type, int grad_type, int layout, size_t* id_out);
 zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t n, int param_type, int grad_type,
@@ -82,14 +84,19 @@ zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied);
 zf_status zf_synchronize(zf_optimizer* opt);
 zf_status zf_set_lr(zf_optimizer* opt, float lr);
 zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out);
-/* The fp32 master of matrix `id`, column after column ([cols][rows]), into out (rows*cols floats). */
-zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out);
+/* The fp32 master of matrix `id`, column after column ([cols][rows]), into out, which holds
+ * out_count floats: that must be the matrix's rows*cols (else ZF_INVALID_ARGUMENT, nothing
+ * written; a vector's id or another matrix's is caught so when the sizes differ). */
+zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count);
 
 zf_status zf_save(zf_optimizer* opt, const char* path);
 zf_status zf_load(zf_optimizer* opt, const char* path);
 
 /* The message of the last call on this thread that did not return ZF_OK ("" if none yet). Valid
- * until the next failing call on this thread. */
+ * until the next failing call on this thread.
+ * A call that fails leaves its out-parameters (*out of zf_create excepted: NULL) as they were,
+ * but for zf_copy_master's buffer, which a failure midway may leave partly written. A handle is
+ * not to be used from two threads at once. */
 const char* zf_last_error(void);
 
 #ifdef __cplusplus

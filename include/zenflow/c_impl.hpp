@@ -7,6 +7,8 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "any_optimizer.hpp"
 #include "c.h"
@@ -15,6 +17,7 @@
 struct zf_optimizer {
   zenflow::any_optimizer opt;
   zenflow::param_group group{};  // of the tensors registered next (zf_set_group)
+  std::vector<std::size_t> matrix_sizes;  // rows * cols of each matrix, by id (zf_copy_master's check)
 };
 
 namespace zenflow::c_api {
@@ -57,6 +60,10 @@ zf_status guarded(F&& f) noexcept {
     return fail(ZF_UNUSABLE, e.what());
   } catch (const std::bad_alloc&) {
     return fail(ZF_OUT_OF_MEMORY, "zenflow: out of memory");
+  } catch (const std::system_error& e) {  // a thread or lock the system could not give: no resources
+    const std::error_code c = e.code();
+    const bool exhausted = c == std::errc::resource_unavailable_try_again || c == std::errc::not_enough_memory;
+    return fail(exhausted ? ZF_OUT_OF_MEMORY : ZF_IO_ERROR, e.what());
   } catch (const std::runtime_error& e) {  // I/O
     return fail(ZF_IO_ERROR, e.what());
   } catch (const std::exception& e) {
@@ -106,7 +113,7 @@ zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** ou
   *out = nullptr;
   if (!kind) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create: kind is NULL");
   return guarded([&] {
-    *out = new zf_optimizer{zenflow::any_optimizer::create(kind, config_of(config_json))};
+    *out = new zf_optimizer{zenflow::any_optimizer::create(kind, config_of(config_json)), {}, {}};
   });
 }
 
@@ -124,7 +131,9 @@ zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t
                                         .with_layout(zenflow::matrix_layout(layout))
                                         .dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type))
                                         .group(opt->group);
+    opt->matrix_sizes.reserve(opt->matrix_sizes.size() + 1);  // (the push below cannot fail)
     const zenflow::matrix_id id = opt->opt.add_matrix(p);
+    opt->matrix_sizes.push_back(rows * cols);  // (add_matrix refused a product that overflows)
     if (id_out) *id_out = id.index();
   });
 }
@@ -179,17 +188,34 @@ zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out) {
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_stats_get: out is NULL");
   return guarded([&] {
     const zenflow::optimizer_stats s = opt->opt.stats();
-    *out = zf_stats{s.steps,         s.skipped_steps,       s.selections,          s.host_updates,
-                    s.bytes_to_host, s.bytes_to_device,     s.stall_seconds,       s.host_update_seconds,
-                    s.host_pageable_bytes, s.host_pinned_bytes, s.device_bytes, s.host_bookkeeping_bytes};
+    // (designated: a field moved in c.h fails to compile here rather than fill the wrong one)
+    *out = zf_stats{.steps = s.steps,
+                    .skipped_steps = s.skipped_steps,
+                    .selections = s.selections,
+                    .host_updates = s.host_updates,
+                    .bytes_to_host = s.bytes_to_host,
+                    .bytes_to_device = s.bytes_to_device,
+                    .stall_seconds = s.stall_seconds,
+                    .host_update_seconds = s.host_update_seconds,
+                    .host_pageable_bytes = s.host_pageable_bytes,
+                    .host_pinned_bytes = s.host_pinned_bytes,
+                    .device_bytes = s.device_bytes,
+                    .host_bookkeeping_bytes = s.host_bookkeeping_bytes};
   });
 }
 
-zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out) {
+zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count) {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_copy_master: out is NULL");
-  return guarded(opt->opt, [&] { opt->opt.copy_master(zenflow::matrix_id{id}, out); });
+  return guarded(opt->opt, [&] {
+    // (an id out of range: copy_master names it)
+    if (id < opt->matrix_sizes.size() && out_count != opt->matrix_sizes[id])
+      throw std::invalid_argument("zenflow: zf_copy_master: out holds " + std::to_string(out_count) +
+                                  " floats, matrix " + std::to_string(id) + " has " +
+                                  std::to_string(opt->matrix_sizes[id]) + " (rows * cols); nothing was written");
+    opt->opt.copy_master(zenflow::matrix_id{id}, out);
+  });
 }
 
 zf_status zf_save(zf_optimizer* opt, const char* path) {
