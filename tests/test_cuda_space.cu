@@ -603,7 +603,7 @@ TEST_CASE("cuda: offload and host update overlap the device's next work" * docte
 
 // stats() counts the CUDA updater's host-side memory. Page-locked, beyond the transport's staging:
 // one 16-byte summary, one update-table entry per matrix and vector, one coefficient and one mass
-// entry and two masses per matrix, and the selection's read-back of 4 bytes per selected column.
+// entry and two masses per matrix, and the selection's read-back of 4 bytes per column of k.
 // Bookkeeping: the host copy of the gradient pass's launch table (an entry per matrix and vector)
 // and each matrix's pass range (a pair of sizes), beyond the records every space keeps. The sizes
 // are spelt out here from what each table holds, not read back from the updater.
@@ -625,7 +625,7 @@ TEST_CASE("cuda: stats() counts the updater's host tables and its page-locked me
   const optimizer_stats s = opt.stats();
   CHECK(s.host_pinned_bytes == opt.transport().pinned_bytes() + tables + 4 * k);
 
-  // the updater alone (the same registrations): its records beyond the registry's
+  // the updater alone (the same tensors, with ks of its own): its records beyond the registry's
   fused_adamw<cuda_space> u;
   u.add_matrix(a.param(), 7);
   u.add_matrix(b.param(), 4);

@@ -157,6 +157,17 @@ struct optimizer_checkpoint {
     if (error) *error = ec;
     return out;
   }
+  // Removes the shard files of the sets saved at `path` that pick(f) chooses, after a save that
+  // succeeded: a listing that fails (out of memory; the names made here included) leaves them for
+  // the next save, rather than fail a save that is done.
+  template <class Pick>
+  static void remove_shards(const std::string& path, Pick&& pick) noexcept {
+    try {
+      for (const shard_file& f : shard_files(dir_of(path), base_of(path)))
+        if (pick(f)) std::remove(f.path.c_str());
+    } catch (const std::exception&) {
+    }
+  }
   // The highest generation N among the shard files of base in dir (0 if none; a temporary one
   // counts too: its generation is never reused); nothing if the directory cannot be listed whole
   // (*error says why).
@@ -200,11 +211,7 @@ struct optimizer_checkpoint {
     } else {
       // a sharded set that <path> named before is no longer named by anything: its shards go
       // (once the new file's rename is durable)
-      if (!write(o, path, nullptr)) return;
-      try {  // (the save is done: a listing that fails, out of memory, leaves them for the next one)
-        for (const shard_file& f : shard_files(dir_of(path), base_of(path))) std::remove(f.path.c_str());
-      } catch (const std::exception&) {
-      }
+      if (write(o, path, nullptr)) remove_shards(path, [](const shard_file&) { return true; });
     }
   }
 
@@ -326,15 +333,10 @@ struct optimizer_checkpoint {
     // while writing them left. Each rank removes the files of its rank number, rank 0 also those
     // of ranks beyond R (a previous set of more ranks), so that ranks on file systems of their
     // own clean up theirs.
-    // (After the last collective, and the new set stands: a listing that fails here, out of
-    // memory, leaves the older shards for the next save to remove rather than fail this rank's
-    // save alone.)
-    try {
-      for (const shard_file& f : shard_files(dir, base))
-        if (f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R))))
-          std::remove(f.path.c_str());
-    } catch (const std::exception&) {
-    }
+    // (after the last collective: remove_shards fails no rank's save alone)
+    remove_shards(path, [&](const shard_file& f) {
+      return f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R)));
+    });
   }
 
   // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
