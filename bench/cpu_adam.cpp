@@ -4,11 +4,12 @@
 // same loads and stores, no arithmetic: kernel_table::*_traffic) alternately on equal-sized
 // buffers, and prints one JSON object per line with the medians and ratio = gbps / roofline.
 //
-//   cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512|avx2|sse2|scalar]
+//   cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512_bf16|avx512|avx2|sse2|scalar]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -101,6 +102,21 @@ void run_accumulate(tbb::task_arena& arena, state& s, std::size_t n, const kerne
   parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { fn(j, b, e); });
 }
 
+void run_convert(tbb::task_arena& arena, state& s, std::size_t n, const kernel_table& k) {
+  const convert_job j{s.g32.data(), dtype::f32, s.copy.data(), dtype::bf16};
+  parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) { k.convert(j, b, e); });
+}
+
+// --versus: the kernels that round to bf16, timed on two tiers alternately
+struct versus_case {
+  const char* name;
+  void (*run)(tbb::task_arena&, state&, std::size_t n, const kernel_table&);
+};
+const versus_case versus_cases[] = {
+    {"adamw_f32_bf16out", [](auto& a, auto& s, auto n, auto& k) { run_adamw(a, s, n, k, false, true); }},
+    {"convert_f32_bf16", [](auto& a, auto& s, auto n, auto& k) { run_convert(a, s, n, k); }},
+};
+
 const kernel_case cases[] = {
     // AdamW fp32: reads p, g, m, v (16 B), writes p, m, v (12 B)
     {"adamw_f32", 28, [](auto& a, auto& s, auto n, auto& k, bool t) { run_adamw(a, s, n, k, t, false); }},
@@ -118,6 +134,7 @@ int main(int argc, char** argv) try {
   std::vector<std::size_t> threads = {1, 2};
   int reps = 9;
   isa tier = best_isa();
+  const kernel_table* versus = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -133,15 +150,14 @@ int main(int argc, char** argv) try {
       if (!digits || std::stoi(v) < 1) throw std::invalid_argument("--reps expects an integer in [1, 9999], got '" + v + "'");
       reps = std::stoi(v);
     }
-    else if (a == "--isa") {
+    else if (a == "--isa" || a == "--versus") {
       const std::string t = value();
-      if (t == "avx512") tier = isa::avx512;
-      else if (t == "avx2") tier = isa::avx2;
-      else if (t == "sse2") tier = isa::sse2;
-      else if (t == "scalar") tier = isa::scalar;
-      else throw std::invalid_argument("unknown --isa " + t);
+      const auto named = std::find_if(std::begin(all_isas), std::end(all_isas), [&](isa u) { return name_of(u) == t; });
+      if (named == std::end(all_isas)) throw std::invalid_argument("unknown " + a + " " + t);
+      if (a == "--isa") tier = *named;
+      else versus = &kernels(*named);
     } else if (a == "--help" || a == "-h") {
-      std::puts("cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512|avx2|sse2|scalar]");
+      std::puts("cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512_bf16|avx512|avx2|sse2|scalar] [--versus TIER]");
       return 0;
     } else {
       throw std::invalid_argument("unknown argument " + a + " (try --help)");
@@ -174,6 +190,25 @@ int main(int argc, char** argv) try {
             "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
             "\"roofline_gbps\":%.4g,\"ratio\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
             c.name, n, t, sk, gb / sk, gb / sr, sr / sk, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
+        std::fflush(stdout);
+      }
+      if (!versus) continue;
+      for (const versus_case& c : versus_cases) {
+        std::vector<double> ta, tb;
+        for (int r = -1; r < reps; ++r)
+          for (int which = 0; which < 2; ++which) {  // alternate the tiers, each first in turn
+            const bool other = (which == 1) ^ (r % 2 != 0);
+            const auto t0 = std::chrono::steady_clock::now();
+            c.run(arena, work, n, other ? *versus : k);
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (r >= 0) (other ? tb : ta).push_back(dt);
+          }
+        const double sa = median(ta), sb = median(tb);
+        std::printf(
+            "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"isa\":\"%s\",\"seconds\":%.6g,"
+            "\"versus_isa\":\"%s\",\"versus_seconds\":%.6g,\"speedup\":%.4f,\"reps\":%d,\"cpu\":\"%s\"}\n",
+            c.name, n, t, std::string(name_of(tier)).c_str(), sa, std::string(name_of(versus->tier)).c_str(), sb,
+            sb / sa, reps, cpu.c_str());
         std::fflush(stdout);
       }
     }

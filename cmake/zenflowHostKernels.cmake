@@ -14,6 +14,13 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64|i.86)$"
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     list(APPEND _zf_flags_avx512 "-Wno-maybe-uninitialized;-Wno-uninitialized")
   endif()
+  # AVX-512 BF16 (GCC 10, Clang 9 and later): the bf16 rounding in one instruction.
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-mavx512bf16 ZENFLOW_CXX_HAS_MAVX512BF16)
+  if(ZENFLOW_CXX_HAS_MAVX512BF16)
+    list(APPEND _zf_tiers avx512_bf16)
+    set(_zf_flags_avx512_bf16 ${_zf_flags_avx512} -mavx512bf16)
+  endif()
 endif()
 
 set(_zf_gen "${CMAKE_CURRENT_BINARY_DIR}/zenflow_host_kernels")

@@ -21,7 +21,7 @@ T full_or_quick(T full, T quick) { return quick_mode() ? quick : full; }
 inline std::vector<zenflow::host::isa> available_tiers() {
   using zenflow::host::isa;
   std::vector<isa> out;
-  for (isa t : {isa::scalar, isa::sse2, isa::avx2, isa::avx512})
+  for (isa t : zenflow::host::all_isas)
     if (zenflow::host::available(t)) out.push_back(t);
   return out;
 }

@@ -1,5 +1,6 @@
 // Header-only use: no kernels library, no ZENFLOW_HOST_DISPATCH. The kernels are compiled
-// inline for the ISA this file is built for (built twice: x86-64 baseline and x86-64-v3).
+// inline for the ISA this file is built for (x86-64 baseline, x86-64-v3, and x86-64-v4 with
+// AVX-512 BF16 where the building CPU has it).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -17,13 +18,19 @@
 using namespace zenflow;
 using namespace zenflow::host;
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512CD__)
+static_assert(compiled_isa == isa::avx512_bf16, "an x86-64-v4 + AVX-512 BF16 build gets that tier");
+#elif defined(__AVX2__) && defined(__F16C__) && !defined(__AVX512F__)
+static_assert(compiled_isa == isa::avx2, "an x86-64-v3 build gets the AVX2 tier");
+#endif
+
 TEST_CASE("header-only: the tier compiled for is the one used, and only it") {
   MESSAGE("compiled for: ", name_of(compiled_isa));
   REQUIRE(cpu_supports(compiled_isa));  // this test runs where it was built
   CHECK(best_isa() == compiled_isa);
   CHECK(available(isa::scalar));
-  for (isa t : {isa::sse2, isa::avx2, isa::avx512})
-    if (t != compiled_isa) {
+  for (isa t : all_isas)
+    if (t != compiled_isa && t != isa::scalar) {
       CHECK_FALSE(available(t));
       CHECK_THROWS_AS(kernels(t), std::invalid_argument);
     }

@@ -15,7 +15,13 @@ enum class isa : int {
   sse2 = 1,    // x86-64 baseline
   avx2 = 2,    // AVX2 + F16C
   avx512 = 3,  // AVX-512 F/CD/DQ/BW + F16C
+  // avx512 + AVX-512 BF16: the bf16 rounding in one instruction (vcvtneps2bf16), with the
+  // integer rounding kept for the vectors it would round differently (subnormal lanes)
+  avx512_bf16 = 4,
 };
+
+// Every tier, worst to best.
+inline constexpr isa all_isas[] = {isa::scalar, isa::sse2, isa::avx2, isa::avx512, isa::avx512_bf16};
 
 constexpr std::string_view name_of(isa t) noexcept {
   switch (t) {
@@ -23,6 +29,7 @@ constexpr std::string_view name_of(isa t) noexcept {
     case isa::sse2: return "sse2";
     case isa::avx2: return "avx2";
     case isa::avx512: return "avx512";
+    case isa::avx512_bf16: return "avx512_bf16";
   }
   return "?";
 }
@@ -33,6 +40,11 @@ namespace detail {
 inline bool has_f16c() noexcept {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+// AVX512_BF16 from CPUID leaf 7, sub-leaf 1 (EAX bit 5), for the same reason.
+inline bool has_avx512_bf16() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 #endif
 }  // namespace detail
@@ -49,6 +61,7 @@ inline bool cpu_supports(isa t) noexcept {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
              detail::has_f16c();
+    case isa::avx512_bf16: return cpu_supports(isa::avx512) && detail::has_avx512_bf16();
   }
   return false;
 #else
@@ -58,6 +71,9 @@ inline bool cpu_supports(isa t) noexcept {
 
 // The best tier the current translation unit is compiled for (what a header-only user gets).
 #if defined(__AVX512F__) && defined(__AVX512CD__) && defined(__AVX512DQ__) && \
+    defined(__AVX512BW__) && defined(__F16C__) && defined(__AVX512BF16__)
+inline constexpr isa compiled_isa = isa::avx512_bf16;
+#elif defined(__AVX512F__) && defined(__AVX512CD__) && defined(__AVX512DQ__) && \
     defined(__AVX512BW__) && defined(__F16C__)
 inline constexpr isa compiled_isa = isa::avx512;
 #elif defined(__AVX2__) && defined(__F16C__)

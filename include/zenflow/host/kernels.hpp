@@ -4,8 +4,8 @@
 //
 // Two ways to get the ISA-specific code (README, "Host kernels and ISA dispatch"):
 //  - linking the CMake target zenflow::zenflow defines ZENFLOW_HOST_DISPATCH: the kernels come
-//    from a small library with one translation unit per tier (SSE2, AVX2, AVX-512), and the best
-//    tier the running CPU supports is picked at run time;
+//    from a small library with one translation unit per tier (SSE2, AVX2, AVX-512, AVX-512
+//    with BF16), and the best tier the running CPU supports is picked at run time;
 //  - including the headers alone compiles the kernels inline for the ISA this translation unit
 //    is compiled for (e.g. -march=x86-64-v3 gives the AVX2 tier).
 // Either way every tier returns the same bits, whatever the thread count.
@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -148,9 +149,9 @@ inline const kernel_table* built_table(isa t) noexcept {
 // A tier is available when it was built and the running CPU supports it. Asked once per tier:
 // CPUID is slow (under a hypervisor it traps), and every kernel call asks.
 inline bool available(isa t) noexcept {
-  static const std::array<bool, 4> ok = [] {
-    std::array<bool, 4> r{};
-    for (isa u : {isa::scalar, isa::sse2, isa::avx2, isa::avx512}) r[std::size_t(u)] = built_table(u) && cpu_supports(u);
+  static const std::array<bool, std::size(all_isas)> ok = [] {
+    std::array<bool, std::size(all_isas)> r{};
+    for (isa u : all_isas) r[std::size_t(u)] = built_table(u) && cpu_supports(u);
     return r;
   }();
   const auto i = std::size_t(t);
@@ -159,8 +160,8 @@ inline bool available(isa t) noexcept {
 
 inline isa best_isa() noexcept {
   static const isa best = [] {
-    for (isa t : {isa::avx512, isa::avx2, isa::sse2})
-      if (available(t)) return t;
+    for (auto t = std::rbegin(all_isas); t != std::rend(all_isas); ++t)
+      if (available(*t)) return *t;
     return isa::scalar;
   }();
   return best;

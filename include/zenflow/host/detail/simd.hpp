@@ -193,6 +193,24 @@ struct avx512_ops : simd_common<xsimd::avx512bw> {
                         _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 };
+#if defined(__AVX512BF16__)
+// avx512 with the bf16 rounding done by vcvtneps2bf16: round to nearest even and quiet NaNs
+// as bf16_bits does, but a subnormal input becomes a zero of its sign. A vector holding a
+// subnormal lane (rare: |x| < 2^-126) therefore takes bf16_bits, so that every lane gets the
+// bits of every other tier.
+struct avx512_bf16_ops : avx512_ops {
+  using avx512_ops::store;
+  static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept {
+    const __m512 r = x;
+    if (_mm512_fpclass_ps_mask(r, 0x20)) [[unlikely]] {  // 0x20: the denormal class
+      narrow16(p, bf16_bits(x));
+      return;
+    }
+    const __m256bh h = _mm512_cvtneps_pbh(r);
+    _mm256_storeu_si256(static_cast<__m256i*>(static_cast<void*>(p)), (__m256i)h);
+  }
+};
+#endif
 #endif
 
 #endif  // x86
@@ -208,6 +226,9 @@ template <> struct ops_for<isa::avx2> { using type = avx2_ops; };
 #if defined(__AVX512F__) && defined(__AVX512CD__) && defined(__AVX512DQ__) && \
     defined(__AVX512BW__) && defined(__F16C__)
 template <> struct ops_for<isa::avx512> { using type = avx512_ops; };
+#  if defined(__AVX512BF16__)
+template <> struct ops_for<isa::avx512_bf16> { using type = avx512_bf16_ops; };
+#  endif
 #endif
 
 }  // namespace ZF_KERNEL_NS
