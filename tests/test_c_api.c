@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <zenflow/c.h>
+#include <zenflow/version.hpp> /* (macros only) */
 
 static int failures = 0;
 #define CHECK(cond)                                                    \
@@ -77,7 +78,7 @@ static void device_adam_against_reference(void) {
   if (worst >= 1e-5) fprintf(stderr, "device_adam vs reference: worst difference %g\n", worst);
   CHECK(worst < 1e-5);
   zf_stats st;
-  OK(zf_stats_get(opt, &st));
+  OK(zf_stats_get(opt, &st, sizeof st));
   CHECK(st.steps == STEPS && st.skipped_steps == 0 && st.host_updates == 0);
   zf_destroy(opt);
 }
@@ -113,7 +114,7 @@ static void zenflow_trains_and_resumes(const char* path) {
   steps(opt, w, dw, 40);
   CHECK(loss(w) < 0.5 * before); /* it learns */
   zf_stats st;
-  OK(zf_stats_get(opt, &st));
+  OK(zf_stats_get(opt, &st, sizeof st));
   CHECK(st.selections > 0 && st.host_updates > 0 && st.bytes_to_host > 0);
   /* save, go on 6 steps, load, the same 6 steps: the same bits */
   OK(zf_save(opt, path));
@@ -164,7 +165,7 @@ static void bad_calls(const char* dir) {
   CHECK(zf_create(NULL, NULL, &opt2) == ZF_INVALID_ARGUMENT);
   CHECK(opt2 == NULL);
   CHECK(zf_create("zenflow", NULL, NULL) == ZF_INVALID_ARGUMENT);
-  CHECK(zf_stats_get(opt, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(zf_stats_get(opt, NULL, sizeof(zf_stats)) == ZF_INVALID_ARGUMENT);
   CHECK(zf_copy_master(opt, 0, NULL, N) == ZF_INVALID_ARGUMENT);
   CHECK(zf_save(opt, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(zf_load(opt, NULL) == ZF_INVALID_ARGUMENT);
@@ -175,6 +176,29 @@ static void bad_calls(const char* dir) {
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL));
   OK(zf_initialize(opt));
   CHECK(zf_initialize(opt) == ZF_INVALID_ARGUMENT); /* twice */
+  {
+    /* zf_stats_get writes out_size bytes: a caller built against a newer header (a bigger
+     * zf_stats) gets this header's fields, then zeros; one smaller than 0.1.0's is refused and
+     * its buffer left alone */
+    struct {
+      zf_stats s;
+      unsigned char newer[24];
+    } big;
+    zf_stats st;
+    memset(&big, 0xab, sizeof big);
+    OK(zf_stats_get(opt, &st, sizeof st));
+    OK(zf_stats_get(opt, &big.s, sizeof big));
+    CHECK(memcmp(&big.s, &st, sizeof st) == 0);
+    int zeros = 1;
+    for (size_t i = 0; i < sizeof big.newer; ++i) zeros = zeros && big.newer[i] == 0;
+    CHECK(zeros);
+    CHECK(sizeof(zf_stats) >= ZF_STATS_SIZE_0_1);
+    memset(&st, 0xab, sizeof st);
+    CHECK(zf_stats_get(opt, &st, ZF_STATS_SIZE_0_1 - 1) == ZF_INVALID_ARGUMENT);
+    CHECK(contains(zf_last_error(), "out_size is smaller than any zf_stats"));
+    CHECK(st.steps == 0xababababababababull);
+    CHECK(zf_version() == ZENFLOW_VERSION);
+  }
   float b[V], db[V];
   memset(b, 0, sizeof b);
   memset(db, 0, sizeof db);

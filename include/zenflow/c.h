@@ -17,6 +17,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* In C++ the functions are declared noexcept: none of them lets an exception out. */
+#if defined(__cplusplus)
+#  define ZF_NOEXCEPT noexcept
+#else
+#  define ZF_NOEXCEPT
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,20 +53,28 @@ typedef enum zf_layout {
   ZF_ROW_MAJOR = 1          /* [rows][cols]: PyTorch's and llm.c's [out][in] weights */
 } zf_layout;
 
+/* The optimizer's counters (zf_stats_get). Later versions only append fields: a program built
+ * against this header keeps reading the fields it knows from a newer library. */
 typedef struct zf_stats {
   uint64_t steps, skipped_steps, selections, host_updates, bytes_to_host, bytes_to_device;
   double stall_seconds, host_update_seconds;
   uint64_t host_pageable_bytes, host_pinned_bytes, device_bytes;
   uint64_t host_bookkeeping_bytes; /* per-tensor records (registrations, shapes, column lists) */
 } zf_stats;
+/* The size of the first zf_stats (0.1.0): the least zf_stats_get accepts. */
+#define ZF_STATS_SIZE_0_1 ((size_t)96)
+
+/* The library's version, major * 10000 + minor * 100 + patch: ZENFLOW_VERSION of the zenflow
+ * the library was built from (a program loading it at run time can compare). */
+int zf_version(void) ZF_NOEXCEPT;
 
 /* kind: "zenflow", "zero_offload" or "device_adam". config_json: NULL for the defaults, the
  * "zenflow" block of a DeepSpeed config ({"topk_ratio": 0.1, "update_interval": 4, ...}), or a
  * whole DeepSpeed config (an object with "zero_optimization"; its optimizer.params give lr,
  * betas, eps and weight_decay). On success *out is the new handle; on failure *out is NULL. */
-zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out);
+zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out) ZF_NOEXCEPT;
 /* Releases everything (waits for a host update in flight). NULL is allowed. */
-void zf_destroy(zf_optimizer* opt);
+void zf_destroy(zf_optimizer* opt) ZF_NOEXCEPT;
 
 /* Registration, before zf_initialize. rows = output features, cols = input features (a column is
  * what ZenFlow selects). *id_out (may be NULL) receives the matrix's or vector's index, each
@@ -67,37 +82,40 @@ void zf_destroy(zf_optimizer* opt);
  * zf_destroy; each aligned to its element size and not overlapping another registered buffer
  * (else ZF_INVALID_ARGUMENT). */
 zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t rows, size_t cols,
-                        int param_type, int grad_type, int layout, size_t* id_out);
+                        int param_type, int grad_type, int layout, size_t* id_out) ZF_NOEXCEPT;
 zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t n, int param_type, int grad_type,
-                        size_t* id_out);
+                        size_t* id_out) ZF_NOEXCEPT;
 /* The parameter group of the matrices and vectors registered after this call: a group the config
  * names in "param_groups" ({"param_groups": {"no_decay": {"weight_decay_scale": 0}}}), or NULL
  * for the default group (the config's lr and weight_decay). An unknown name is
  * ZF_INVALID_ARGUMENT and leaves the current group as it was. */
-zf_status zf_set_group(zf_optimizer* opt, const char* name);
-zf_status zf_initialize(zf_optimizer* opt);
+zf_status zf_set_group(zf_optimizer* opt, const char* name) ZF_NOEXCEPT;
+zf_status zf_initialize(zf_optimizer* opt) ZF_NOEXCEPT;
 
 /* One step with the gradients now in the grad buffers, which hold the loss scaled by grad_scale.
  * *applied (may be NULL) is 1 if the step was applied, 0 if skipped (a non-finite or overflowing
  * gradient: nothing changed). */
-zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied);
-zf_status zf_synchronize(zf_optimizer* opt);
-zf_status zf_set_lr(zf_optimizer* opt, float lr);
-zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out);
+zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) ZF_NOEXCEPT;
+zf_status zf_synchronize(zf_optimizer* opt) ZF_NOEXCEPT;
+zf_status zf_set_lr(zf_optimizer* opt, float lr) ZF_NOEXCEPT;
+/* The counters, into the out_size bytes at out: pass sizeof(zf_stats). The library writes the
+ * fields it has that fit, and zeroes the bytes past its own zf_stats (a newer header's fields
+ * this library does not know). out_size below ZF_STATS_SIZE_0_1 is ZF_INVALID_ARGUMENT. */
+zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out, size_t out_size) ZF_NOEXCEPT;
 /* The fp32 master of matrix `id`, column after column ([cols][rows]), into out, which holds
  * out_count floats: that must be the matrix's rows*cols (else ZF_INVALID_ARGUMENT, nothing
  * written; a vector's id or another matrix's is caught so when the sizes differ). */
-zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count);
+zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count) ZF_NOEXCEPT;
 
-zf_status zf_save(zf_optimizer* opt, const char* path);
-zf_status zf_load(zf_optimizer* opt, const char* path);
+zf_status zf_save(zf_optimizer* opt, const char* path) ZF_NOEXCEPT;
+zf_status zf_load(zf_optimizer* opt, const char* path) ZF_NOEXCEPT;
 
 /* The message of the last call on this thread that did not return ZF_OK ("" if none yet). Valid
  * until the next failing call on this thread.
  * A call that fails leaves its out-parameters (*out of zf_create excepted: NULL) as they were,
  * but for zf_copy_master's buffer, which a failure midway may leave partly written. A handle is
  * not to be used from two threads at once. */
-const char* zf_last_error(void);
+const char* zf_last_error(void) ZF_NOEXCEPT;
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,9 @@
 // function catches every exception and turns it into a status code and a thread-local message.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <stdexcept>
@@ -13,6 +16,7 @@
 #include "any_optimizer.hpp"
 #include "c.h"
 #include "config.hpp"
+#include "version.hpp"
 
 struct zf_optimizer {
   zenflow::any_optimizer opt;
@@ -96,8 +100,9 @@ inline bool valid_dtype(int t) { return t == ZF_F32 || t == ZF_BF16 || t == ZF_F
 inline config config_of(const char* text) {
   if (!text) return config{};
   const detail::json::value doc = detail::json_parse(text);
-  if (doc.type == detail::json::kind::object && doc.find("zero_optimization")) return config_from_deepspeed_json(text);
-  return config_from_json(text);
+  if (doc.type == detail::json::kind::object && doc.find("zero_optimization"))
+    return detail::config_from_deepspeed_doc(doc, config{});
+  return detail::config_from_zenflow_doc(doc, config{});
 }
 
 }  // namespace zenflow::c_api
@@ -107,7 +112,7 @@ inline config config_of(const char* text) {
 
 extern "C" {
 
-zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out) {
+zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out) noexcept {
   using namespace zenflow::c_api;
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create: out is NULL");
   *out = nullptr;
@@ -117,10 +122,10 @@ zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** ou
   });
 }
 
-void zf_destroy(zf_optimizer* opt) { delete opt; }  // ~optimizer never throws
+void zf_destroy(zf_optimizer* opt) noexcept { delete opt; }  // ~optimizer never throws
 
 zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t rows, size_t cols, int param_type,
-                        int grad_type, int layout, size_t* id_out) {
+                        int grad_type, int layout, size_t* id_out) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!valid_dtype(param_type) || !valid_dtype(grad_type)) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_add_matrix: unknown dtype");
@@ -139,7 +144,7 @@ zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t
 }
 
 zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t n, int param_type, int grad_type,
-                        size_t* id_out) {
+                        size_t* id_out) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!valid_dtype(param_type) || !valid_dtype(grad_type)) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_add_vector: unknown dtype");
@@ -152,19 +157,19 @@ zf_status zf_add_vector(zf_optimizer* opt, void* param, const void* grad, size_t
   });
 }
 
-zf_status zf_set_group(zf_optimizer* opt, const char* name) {
+zf_status zf_set_group(zf_optimizer* opt, const char* name) noexcept {
   ZF_C_HANDLE(opt);
   return zenflow::c_api::guarded([&] {
     opt->group = name ? opt->opt.get_config().group(name) : zenflow::param_group{};
   });
 }
 
-zf_status zf_initialize(zf_optimizer* opt) {
+zf_status zf_initialize(zf_optimizer* opt) noexcept {
   ZF_C_HANDLE(opt);
   return zenflow::c_api::guarded(opt->opt, [&] { opt->opt.initialize(); });
 }
 
-zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) {
+zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) noexcept {
   ZF_C_HANDLE(opt);
   return zenflow::c_api::guarded(opt->opt, [&] {
     const zenflow::step_info info = opt->opt.step(grad_scale);
@@ -172,39 +177,52 @@ zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) {
   });
 }
 
-zf_status zf_synchronize(zf_optimizer* opt) {
+zf_status zf_synchronize(zf_optimizer* opt) noexcept {
   ZF_C_HANDLE(opt);
   return zenflow::c_api::guarded(opt->opt, [&] { opt->opt.synchronize(); });
 }
 
-zf_status zf_set_lr(zf_optimizer* opt, float lr) {
+zf_status zf_set_lr(zf_optimizer* opt, float lr) noexcept {
   ZF_C_HANDLE(opt);
   return zenflow::c_api::guarded([&] { opt->opt.set_lr(lr); });
 }
 
-zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out) {
+int zf_version(void) noexcept { return ZENFLOW_VERSION; }
+
+zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out, size_t out_size) noexcept {
   using namespace zenflow::c_api;
+  // The fields of 0.1.0 stay where they are; later ones are appended.
+  static_assert(offsetof(zf_stats, host_bookkeeping_bytes) + sizeof(uint64_t) == ZF_STATS_SIZE_0_1);
+  static_assert(sizeof(zf_stats) >= ZF_STATS_SIZE_0_1);
   ZF_C_HANDLE(opt);
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_stats_get: out is NULL");
+  if (out_size < ZF_STATS_SIZE_0_1)
+    return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_stats_get: out_size is smaller than any zf_stats (pass sizeof(zf_stats))");
   return guarded([&] {
     const zenflow::optimizer_stats s = opt->opt.stats();
     // (designated: a field moved in c.h fails to compile here rather than fill the wrong one)
-    *out = zf_stats{.steps = s.steps,
-                    .skipped_steps = s.skipped_steps,
-                    .selections = s.selections,
-                    .host_updates = s.host_updates,
-                    .bytes_to_host = s.bytes_to_host,
-                    .bytes_to_device = s.bytes_to_device,
-                    .stall_seconds = s.stall_seconds,
-                    .host_update_seconds = s.host_update_seconds,
-                    .host_pageable_bytes = s.host_pageable_bytes,
-                    .host_pinned_bytes = s.host_pinned_bytes,
-                    .device_bytes = s.device_bytes,
-                    .host_bookkeeping_bytes = s.host_bookkeeping_bytes};
+    const zf_stats all{.steps = s.steps,
+                       .skipped_steps = s.skipped_steps,
+                       .selections = s.selections,
+                       .host_updates = s.host_updates,
+                       .bytes_to_host = s.bytes_to_host,
+                       .bytes_to_device = s.bytes_to_device,
+                       .stall_seconds = s.stall_seconds,
+                       .host_update_seconds = s.host_update_seconds,
+                       .host_pageable_bytes = s.host_pageable_bytes,
+                       .host_pinned_bytes = s.host_pinned_bytes,
+                       .device_bytes = s.device_bytes,
+                       .host_bookkeeping_bytes = s.host_bookkeeping_bytes};
+    // Only the caller's bytes: an older header's zf_stats is a prefix of this one, and a newer
+    // header's fields past this one read as zero.
+    auto* bytes = reinterpret_cast<unsigned char*>(out);
+    const std::size_t known = std::min(out_size, sizeof(zf_stats));
+    std::memcpy(bytes, &all, known);
+    std::memset(bytes + known, 0, out_size - known);
   });
 }
 
-zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count) {
+zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_copy_master: out is NULL");
@@ -218,21 +236,21 @@ zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_co
   });
 }
 
-zf_status zf_save(zf_optimizer* opt, const char* path) {
+zf_status zf_save(zf_optimizer* opt, const char* path) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_save: path is NULL");
   return guarded(opt->opt, [&] { opt->opt.save(path); });
 }
 
-zf_status zf_load(zf_optimizer* opt, const char* path) {
+zf_status zf_load(zf_optimizer* opt, const char* path) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
   if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_load: path is NULL");
   return guarded(opt->opt, [&] { opt->opt.load(path); });
 }
 
-const char* zf_last_error(void) { return zenflow::c_api::last_error().c_str(); }
+const char* zf_last_error(void) noexcept { return zenflow::c_api::last_error().c_str(); }
 
 }  // extern "C"
 

@@ -12,6 +12,7 @@
 #include <cctype>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -427,19 +428,18 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
 
 }  // namespace detail
 
-inline config config_from_json(std::string_view text, config base = {}) {
-  config c = base;
-  detail::apply_zenflow_block(c, detail::json_parse(text), "");
+namespace detail {
+
+// The two readers below over a parsed document (the C API parses once to tell them apart).
+inline config config_from_zenflow_doc(const json::value& doc, config c) {
+  apply_zenflow_block(c, doc, "");
   c.validate();
   return c;
 }
 
-
-inline config config_from_deepspeed_json(std::string_view text, config base = {}) {
+inline config config_from_deepspeed_doc(const json::value& doc, config c) {
   using detail::json::kind;
-  const detail::json::value doc = detail::json_parse(text);
   detail::json_expect(doc, kind::object, "the DeepSpeed config");
-  config c = base;
   const detail::json::value* zero = doc.find("zero_optimization");
   const detail::json::value* block = zero && zero->type == kind::object ? zero->find("zenflow") : nullptr;
   if (!block) throw config_error("zenflow config: the DeepSpeed config has no zero_optimization.zenflow block (ZenFlow is off in it)");
@@ -507,6 +507,16 @@ inline config config_from_deepspeed_json(std::string_view text, config base = {}
   };
   c.validate_as(ds_key, rounded);
   return c;
+}
+
+}  // namespace detail
+
+inline config config_from_json(std::string_view text, config base = {}) {
+  return detail::config_from_zenflow_doc(detail::json_parse(text), std::move(base));
+}
+
+inline config config_from_deepspeed_json(std::string_view text, config base = {}) {
+  return detail::config_from_deepspeed_doc(detail::json_parse(text), std::move(base));
 }
 
 // The DeepSpeed-shaped document holding every field of c; config_from_deepspeed_json reads it
