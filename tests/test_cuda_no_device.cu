@@ -112,6 +112,14 @@ TEST_CASE("cuda memory without a GPU: allocation throws cuda_error naming the ca
     CHECK(std::string(e.what()).find("cudaMalloc") != std::string::npos);
   }
   CHECK_THROWS_AS(pinned_array<float>(16), cuda_error);
+  // work on a stream of its own (zeroing, table uploads): no stream, so nothing is enqueued and
+  // the error comes back
+  bool enqueued = false;
+  CHECK(cuda_detail::run_alone([&](cudaStream_t) {
+          enqueued = true;
+          return cudaSuccess;
+        }) != cudaSuccess);
+  CHECK_FALSE(enqueued);
   device_array<float> empty;  // nothing allocated, nothing to free
   CHECK(empty.size() == 0);
   CHECK(empty.data() == nullptr);

@@ -10,6 +10,21 @@
 
 namespace zenflow::cuda_detail {
 
+// Enqueues work with enqueue(stream) on a non-blocking stream of its own and waits for it:
+// complete on return, and waiting for nothing else on the device. (The legacy default stream
+// would also wait for every blocking stream of the device, such as a trainer's NCCL collective
+// that waits for this very rank: a deadlock.) The first error, or cudaSuccess.
+template <class Enqueue>
+cudaError_t run_alone(Enqueue&& enqueue) noexcept {
+  cudaStream_t s = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return e;
+  e = enqueue(s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  const cudaError_t d = cudaStreamDestroy(s);
+  return e != cudaSuccess ? e : d;
+}
+
 template <class T, bool Pinned>
 class raw_array {
  public:
@@ -22,10 +37,8 @@ class raw_array {
     p_ = static_cast<T*>(p);
     if constexpr (!Pinned) {
       // zeroed like the host space's arrays, so no state ever starts as garbage; complete on
-      // return, so the zeroing cannot land after a later copy or kernel on another stream (a
-      // non-blocking stream is not ordered after the default stream)
-      cudaError_t e = cudaMemsetAsync(p_, 0, n * sizeof(T), cudaStreamLegacy);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+      // return, so the zeroing cannot land after a later copy or kernel on another stream
+      const cudaError_t e = run_alone([&](cudaStream_t s) { return cudaMemsetAsync(p_, 0, n * sizeof(T), s); });
       if (e != cudaSuccess) {
         release();
         throw_error(e, "zeroing new device memory", __FILE__, __LINE__);

@@ -993,10 +993,12 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
   static std::size_t group_count(std::size_t n) noexcept { return (n + device::column_lanes - 1) / device::column_lanes; }
   // Complete on return: a plain cudaMemcpy from pageable memory may return before its DMA has
   // landed, and nothing would order that DMA before the trainer's (possibly non-blocking) stream.
+  // (On a stream of its own: see run_alone.)
   void upload(void* dst, const void* src, std::size_t bytes) {
     if (!bytes) return;
-    ZF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy));
-    ZF_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
+    const cudaError_t e =
+        cuda_detail::run_alone([&](cudaStream_t s) { return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s); });
+    cuda_detail::check(e, "cudaMemcpyAsync (a table uploaded, and waited for)", __FILE__, __LINE__);
   }
 
   // The 16-byte summary the last launch wrote, read back. The wait is on a blocking-sync event:
