@@ -5,6 +5,10 @@
 // buffers, and prints one JSON object per line with the medians and ratio = gbps / roofline.
 //
 //   cpu_adam [--sizes 1M,16M,128M] [--threads 1,2] [--reps 9] [--isa avx512_bf16|avx512|avx2|sse2|scalar]
+//            [--versus TIER]
+// (--isa: the best tier the CPU has unless given.) --versus adds lines timing the kernels that
+// round to bf16 on --isa's tier and on TIER alternately, on the same buffers: "speedup" is
+// TIER's median time over the tier's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -197,16 +197,19 @@ struct avx512_ops : simd_common<xsimd::avx512bw> {
 // avx512 with the bf16 rounding done by vcvtneps2bf16: round to nearest even and quiet NaNs
 // as bf16_bits does, but a subnormal input becomes a zero of its sign. A vector holding a
 // subnormal lane (rare: |x| < 2^-126) therefore takes bf16_bits, so that every lane gets the
-// bits of every other tier.
+// bits of every other tier. The test is on the integer bits, which MXCSR's denormals-are-zero
+// cannot touch (vfpclassps would see a subnormal as a zero under it, as the conversion does).
 struct avx512_bf16_ops : avx512_ops {
   using avx512_ops::store;
   static ZF_FORCEINLINE void store(bfloat16* p, F x) noexcept {
-    const __m512 r = x;
-    if (_mm512_fpclass_ps_mask(r, 0x20)) [[unlikely]] {  // 0x20: the denormal class
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+    // 1 <= |bits| <= 0x7fffff, unsigned: a subnormal (zeros, which both round alike, excluded)
+    if (_mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff)))
+        [[unlikely]] {
       narrow16(p, bf16_bits(x));
       return;
     }
-    const __m256bh h = _mm512_cvtneps_pbh(r);
+    const __m256bh h = _mm512_cvtneps_pbh(x);
     _mm256_storeu_si256(static_cast<__m256i*>(static_cast<void*>(p)), (__m256i)h);
   }
 };

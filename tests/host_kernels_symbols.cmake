@@ -1,0 +1,41 @@
+# The tier objects of zenflow_host_kernels must share no code: each is compiled with its own ISA
+# flags, and of an inline function emitted by two of them the linker keeps one copy, whichever,
+# for both — an AVX-512 copy called from the SSE2 tier ends a process on an older CPU. Every such
+# function is inlined or is a template instantiated per tier today; this fails, naming them, if
+# a weak symbol turns up in two tier objects.
+#   cmake -DNM=<nm> -DLIB=<libzenflow_host_kernels.a> -P host_kernels_symbols.cmake
+execute_process(COMMAND "${NM}" -A --defined-only "${LIB}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${NM} failed on ${LIB}: ${err}")
+endif()
+string(REPLACE "\n" ";" lines "${out}")
+set(tiers "")
+set(shared "")
+foreach(line IN LISTS lines)
+  # archive:member: address type name
+  if(NOT line MATCHES "^[^:]*:(tier_[A-Za-z0-9_]+)\\.cpp\\.o: *[0-9a-fA-F]* ([A-Za-z]) (.+)$")
+    continue()
+  endif()
+  set(member "${CMAKE_MATCH_1}")
+  set(type "${CMAKE_MATCH_2}")
+  set(name "${CMAKE_MATCH_3}")
+  list(APPEND tiers "${member}")
+  if(NOT type MATCHES "^[WVu]$" OR name STREQUAL "DW.ref.__gxx_personality_v0")
+    continue()
+  endif()
+  string(MAKE_C_IDENTIFIER "${name}" key)
+  if(DEFINED seen_${key} AND NOT seen_${key} STREQUAL member)
+    list(APPEND shared "${name} (${seen_${key}}, ${member})")
+  endif()
+  set(seen_${key} "${member}")
+endforeach()
+list(REMOVE_DUPLICATES tiers)
+list(LENGTH tiers n)
+if(n LESS 2)
+  message(FATAL_ERROR "found ${n} tier object(s) in ${LIB}; the check needs the archive's members (tier_*.cpp.o)")
+endif()
+if(shared)
+  list(JOIN shared "\n  " shown)
+  message(FATAL_ERROR "weak symbols defined by more than one tier object:\n  ${shown}")
+endif()
+message(STATUS "${n} tier objects, no weak symbol in two of them: ${tiers}")
