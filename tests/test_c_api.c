@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include <zenflow/c.h>
-#include <zenflow/version.hpp> /* (macros only) */
 
 static int failures = 0;
 #define CHECK(cond)                                                    \

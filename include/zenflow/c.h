@@ -17,8 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "version.hpp" /* ZENFLOW_VERSION (macros only, C too) */
+
 /* In C++ the functions are declared noexcept: none of them lets an exception out. */
-#if defined(__cplusplus)
+#if defined(__cplusplus) && __cplusplus >= 201103L
 #  define ZF_NOEXCEPT noexcept
 #else
 #  define ZF_NOEXCEPT
@@ -65,7 +67,8 @@ typedef struct zf_stats {
 #define ZF_STATS_SIZE_0_1 ((size_t)96)
 
 /* The library's version, major * 10000 + minor * 100 + patch: ZENFLOW_VERSION of the zenflow
- * the library was built from (a program loading it at run time can compare). */
+ * the library was built from. A program loading it at run time compares it with the header's
+ * ZENFLOW_VERSION: the zf_stats fields a version older than its header lacks read as zero. */
 int zf_version(void) ZF_NOEXCEPT;
 
 /* kind: "zenflow", "zero_offload" or "device_adam". config_json: NULL for the defaults, the
