@@ -555,8 +555,7 @@ class optimizer {
       std::vector<std::size_t> bytes(R, sizeof(std::uint64_t));
       load_vote_ = 2;
       if (!comm_.all_agree(true)) in.fail("another rank could not load its checkpoint; nothing was changed");
-      if constexpr (!std::is_same_v<typename Communicator::space, host_space>)
-        if (distributed()) (void)gather_space(R * sizeof(std::uint64_t));
+      if (distributed()) reserve_gather_host(R * sizeof(std::uint64_t));
       load_vote_ = 1;
       digests[std::size_t(comm_.rank())] = in.digest();
       all_gather_host(digests.data(), bytes.data());
@@ -1559,9 +1558,17 @@ class optimizer {
   // Communicator::all_gather on host memory: in place when the communicator works on the host
   // space, else through the gather space in the space's device memory (this rank's block up,
   // every block down).
+  static constexpr bool gathers_in_place = [] {
+    if constexpr (data_parallel) return std::is_same_v<typename Communicator::space, host_space>;
+    else return true;  // (single_process names no space, and gathers nothing)
+  }();
+  // What an all_gather_host of `total` bytes allocates, got ahead (where nothing may fail later).
+  void reserve_gather_host(std::size_t total) {
+    if constexpr (!gathers_in_place) (void)gather_space(total);
+  }
   void all_gather_host(void* data, const std::size_t* bytes) {
     if constexpr (data_parallel) {
-      if constexpr (std::is_same_v<typename Communicator::space, host_space>) {
+      if constexpr (gathers_in_place) {
         comm_.all_gather(data, bytes);
       } else {
         const std::size_t rank = std::size_t(comm_.rank());
