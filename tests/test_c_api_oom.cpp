@@ -4,6 +4,7 @@
 // compiled in here, as a trainer without CMake would (c_impl.hpp in one C++ file).
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,24 @@ void* operator new(std::size_t n) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+// The host arrays' aligned_alloc (the optimizer state on the host space) counts as an
+// allocation too: this definition takes the C library's place in the process (ELF
+// interposition; the sanitizers' own versions included) and fails like operator new. What it
+// hands out comes from posix_memalign, so free() takes it back whoever provides free.
+namespace {
+thread_local int aligned_failures = 0;  // the aligned_allocs this thread has failed
+}
+extern "C" void* aligned_alloc(std::size_t alignment, std::size_t size) noexcept {
+  if (starve || (fail_nth > 0 && --fail_nth == 0)) {
+    ++aligned_failures;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  void* p = nullptr;
+  const std::size_t a = alignment < sizeof(void*) ? sizeof(void*) : alignment;
+  return posix_memalign(&p, a, size ? size : 1) == 0 ? p : nullptr;
+}
 
 // A C API call made while no memory can be had; its status and the thread's message after it.
 template <class Call>
@@ -207,6 +226,63 @@ TEST_CASE("C API: a registration that runs out of memory leaves nothing behind, 
     }
     CHECK(failures >= 2);  // (the records of both buffers, at least)
   }
+}
+
+TEST_CASE("C API: an initialize that runs out of memory, the host arrays included, can be retried and trains as if it had not") {
+  // Each allocation of zf_initialize failing in turn (operator new and the aligned_alloc of the
+  // host-space state arrays): ZF_OUT_OF_MEMORY, and the retry succeeds, after which four steps
+  // give the bits of an optimizer that never failed (no half-made state kept, none leaked into
+  // the retry). Every allocation is a failure point: the loop ends at the first n the call
+  // does not reach.
+  const char* conf = "{\"topk_ratio\": 0.25, \"update_interval\": 2, \"select_interval\": 2}";
+  const std::size_t rows = 8, cols = 16, n_w = rows * cols;
+  auto train = [&](zf_optimizer* opt, std::vector<float>& w, std::vector<float>& g) {
+    for (int t = 0; t < 4; ++t) {
+      for (std::size_t i = 0; i < n_w; ++i) g[i] = 0.01f * float((i * 7 + std::size_t(t) * 3) % 11) - 0.05f + 0.001f * w[i];
+      REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);
+    }
+    REQUIRE(zf_synchronize(opt) == ZF_OK);
+  };
+  std::vector<float> ref_w(n_w, 0.5f), ref_g(n_w, 0.0f), ref_b(5, 1.0f), ref_gb(5, 0.0f);
+  {
+    zf_optimizer* ref = nullptr;
+    REQUIRE(zf_create("zenflow", conf, &ref) == ZF_OK);
+    REQUIRE(zf_add_matrix(ref, ref_w.data(), ref_g.data(), rows, cols, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+    REQUIRE(zf_add_vector(ref, ref_b.data(), ref_gb.data(), 5, ZF_F32, ZF_F32, nullptr) == ZF_OK);
+    REQUIRE(zf_initialize(ref) == ZF_OK);
+    train(ref, ref_w, ref_g);
+    zf_destroy(ref);
+  }
+  int failures = 0;
+  aligned_failures = 0;
+  for (int n = 1;; ++n) {
+    CAPTURE(n);
+    std::vector<float> w(n_w, 0.5f), g(n_w, 0.0f), b(5, 1.0f), gb(5, 0.0f);
+    zf_optimizer* opt = nullptr;
+    REQUIRE(zf_create("zenflow", conf, &opt) == ZF_OK);
+    REQUIRE(zf_add_matrix(opt, w.data(), g.data(), rows, cols, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+    REQUIRE(zf_add_vector(opt, b.data(), gb.data(), 5, ZF_F32, ZF_F32, nullptr) == ZF_OK);
+    fail_nth = n;
+    const zf_status st = zf_initialize(opt);
+    const bool met = fail_nth == 0;
+    fail_nth = 0;
+    if (met) {
+      ++failures;
+      CHECK(st == ZF_OUT_OF_MEMORY);
+      CHECK(zf_step(opt, 1.0f, nullptr) == ZF_INVALID_ARGUMENT);  // not initialized
+      REQUIRE(zf_initialize(opt) == ZF_OK);
+    } else {
+      REQUIRE(st == ZF_OK);
+    }
+    train(opt, w, g);
+    CHECK(w == ref_w);
+    CHECK(b == ref_b);
+    zf_destroy(opt);
+    if (!met) break;
+  }
+  MESSAGE(failures, " allocations of zf_initialize, ", aligned_failures, " of them host arrays' aligned_alloc");
+  CHECK(failures >= 5);
+  CHECK(aligned_failures >= 2);  // (the params' masters and moments, at least)
 }
 
 TEST_CASE("C API: a save whose allocation fails leaves the previous file, and one that returns ZF_OK the new one") {
