@@ -70,3 +70,19 @@ TEST_CASE("uploads ahead: the same steps, bits and bytes as uploading at the bou
   // flight at its end, or that has none, applies none that way)
   CHECK(engaged > seeds / 4);  // the scenarios do exercise the path
 }
+
+TEST_CASE("uploads ahead: the setting is read at initialize(), and changing it later is refused") {
+  // (it was taken silently and ignored: no area for a late "on", uploads ahead going on after
+  // a late "off")
+  std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f);
+  optimizer<> opt(config{});
+  opt.add_matrix({w.data(), g.data(), 8, 16});
+  opt.transport().upload_ahead(true).upload_ahead(false).upload_ahead(true);  // before: any number of times
+  opt.initialize();
+  CHECK(opt.transport().uploads_ahead());
+  CHECK_THROWS_WITH_AS(opt.transport().upload_ahead(false), "zenflow: host_copy::upload_ahead must be set before initialize()",
+                       std::logic_error);
+  CHECK_THROWS_AS(opt.transport().upload_ahead(true), std::logic_error);
+  CHECK(opt.transport().uploads_ahead());
+  CHECK_NOTHROW(opt.step());
+}

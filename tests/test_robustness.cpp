@@ -427,6 +427,28 @@ TEST_CASE("a failed offload fails the very next step, even with the host update 
   std::remove(good.c_str());
 }
 
+TEST_CASE("a failed offload fails the next step when that step is skipped too") {
+  // A loss scaler's overflow makes several skipped steps in a row: the error of an offload that
+  // failed before them is thrown by the first, as by an applied step, not held until one is
+  // applied (or a save). Then the optimizer refuses work.
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  failing_offload_optimizer opt(small_config(true));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  gradients(dw, 0);
+  opt.step();  // t = 1: selection
+  gradients(dw, 1);
+  failing_offload::armed = true;
+  failing_offload::fired = false;
+  CHECK_NOTHROW(opt.step());  // t = 2: the offload runs (and fails) in the background
+  CHECK(failing_offload::fired);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (it has failed by now)
+  dw[3] = std::numeric_limits<float>::infinity();  // an overflowed gradient: a skipped step
+  CHECK_THROWS_WITH_AS(opt.step(), "gradient offload failed", std::runtime_error);
+  CHECK_FALSE(opt.usable());
+  CHECK_THROWS_AS(opt.step(), std::logic_error);
+}
+
 TEST_CASE("impossible vector sizes are refused at registration") {
   std::vector<float> b(16), gb(16);
   optimizer<> opt(config{});

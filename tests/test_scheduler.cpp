@@ -267,6 +267,56 @@ TEST_CASE("bounded_async: a failed job's error is kept for its wait, not taken o
   CHECK_NOTHROW(s.wait());
 }
 
+TEST_CASE("bounded_async: a host job's wait for the offloads ends with those launched before it") {
+  // The window's host update waits (wait_offload_quiet) for the window's last offload. The
+  // training thread, blocked on that offload as well, may launch the next step's offload before
+  // the update's thread runs again; a wait for "no offload in flight" then waited for that one
+  // too, and at a slow link for the next, and so on. Here offload 1 is held while a host job
+  // waits; then it finishes and the training thread, waiting as well, launches offload 2, held
+  // at its own gate: the job's wait must end without it. (A wait for the idle lane fails this
+  // when the training thread relaunches before the job's thread wakes; often, not always.)
+  bounded_async s;
+  std::atomic<bool> gate1{false}, gate2{false}, job_done{false}, quiet_ok{false};
+  s.launch_offload([&] {
+    while (!gate1.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  });
+  s.launch([&] {
+    quiet_ok = s.wait_offload_quiet();  // offload 1, not offload 2
+    job_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // (the job is waiting by now)
+  gate1 = true;
+  s.wait_offload();  // the training thread's wait for offload 1
+  s.launch_offload([&] {
+    while (!gate2.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!job_done.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(job_done.load());  // while offload 2 is still held
+  CHECK(quiet_ok.load());
+  CHECK(s.offload_busy());
+  gate2 = true;
+  s.wait();
+  s.wait_offload();
+  // a job that starts after an offload was launched waits for that one
+  std::atomic<bool> gate3{false};
+  s.launch_offload([&] {
+    while (!gate3.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  });
+  std::atomic<bool> waited{false};
+  s.launch([&] {
+    s.wait_offload_quiet();
+    waited = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(waited.load());
+  gate3 = true;
+  s.wait();
+  CHECK(waited.load());
+  s.wait_offload();
+}
+
 TEST_CASE("synchronous: a job that throws still counts its time as stall") {
   synchronous s;
   CHECK_THROWS_WITH(s.launch([] {

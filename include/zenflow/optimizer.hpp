@@ -957,6 +957,9 @@ class optimizer {
     const float factor = float(inv * clip);
     ++steps_;
     if (!summary.finite || !(std::sqrt(summary.sumsq) * double(factor) <= applied_norm_limit())) {
+      // a background job's error already held fails this step as it would an applied one (the
+      // ranks of a data-parallel run have voted on it before the step)
+      if (!distributed() && scheduler_failed()) quiesce();
       ++skipped_;
       return {true, false, false, false, applied_};
     }

@@ -3,13 +3,14 @@
 //  - the offload lane: a step's gradient transfer and accumulation (launch_offload /
 //    wait_offload), so that it overlaps the next forward/backward the way a copy stream does.
 // A wait by the training thread that actually blocks is the stall; wait_offload_quiet() is the
-// same wait made by a host job (the update waiting for its window's last accumulation), which
-// the device does not see, so it is not counted, and which never takes the offload's error from
-// the training thread.
+// wait made by a host job (the update waiting for its window's last accumulation): for the
+// offloads launched before it only, not counted (the device does not see it), and it never takes
+// the offload's error from the training thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -46,6 +47,7 @@ class worker_lane {
       throw std::logic_error(std::string("zenflow: bounded_async: the last ") + lane +
                              " job failed and its error has not been waited for");
     job_ = std::move(job);
+    ++launched_;
     cv_.notify_all();
   }
 
@@ -63,10 +65,14 @@ class worker_lane {
     if (error_ && rethrow) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
-  // Blocks until no job is in flight; false when a job's error is held for wait() (left there).
+  // Blocks until the jobs launched before the call have finished — not one launched while it
+  // waits: the training thread, woken by the same job's end, may launch the next before this
+  // waiter runs again, and a wait for "no job in flight" would then wait for that one too, and
+  // so on at every step. False when a job's error is held for wait() (left there).
   bool wait_quiet() {
     std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return !job_ && !running_; });
+    const std::uint64_t target = launched_;
+    done_cv_.wait(lock, [&] { return finished_ >= target; });
     return !error_;
   }
 
@@ -99,6 +105,7 @@ class worker_lane {
       }
       lock.lock();
       running_ = false;
+      ++finished_;
       done_cv_.notify_all();
     }
   }
@@ -107,6 +114,7 @@ class worker_lane {
   std::condition_variable cv_, done_cv_;
   std::function<void()> job_;
   bool running_ = false, quit_ = false;
+  std::uint64_t launched_ = 0, finished_ = 0;  // jobs, counted at their launch and at their end
   std::exception_ptr error_;
   std::thread worker_;  // last: starts after the other members exist
 };
@@ -136,10 +144,14 @@ class bounded_async {
   }
   // Blocks until no offload is in flight (stall); rethrows what it threw.
   void wait_offload() { timed_wait(offload_); }
-  // The same wait from a host job: not device idle time, not counted; and it leaves an error
-  // the offload threw for the training thread's next wait_offload (which then fails the step and
-  // marks the optimizer unusable), returning false: the job must not go on with what the failed
-  // offload left (a window's accumulation short of its last step).
+  // The wait from a host job, for the offloads launched before the call (the window's, for the
+  // window's host update; not the next step's, which the training thread may launch meanwhile):
+  // not device idle time, not counted. It leaves an error an offload threw for the training
+  // thread's next wait_offload (which then fails the step and marks the optimizer unusable),
+  // returning false: the job must not go on with what the failed offload left (a window's
+  // accumulation short of its last step). (The training thread may have taken that error
+  // already; the job then goes on, on an optimizer marked unusable, whose state a load
+  // replaces once the job is done.)
   bool wait_offload_quiet() { return offload_.wait_quiet(); }
   // Whether an offload is in flight (a job that has finished, even with an error, is not).
   bool offload_busy() const { return offload_.busy(); }

@@ -61,9 +61,16 @@ class host_copy {
   // the optimizer then keeps a "device" area of the unselected params' bytes). Here the update
   // lane's fill writes straight into that area and nothing needs ordering; the bytes count when
   // the boundary applies them.
-  host_copy& upload_ahead(bool on) noexcept {
+  host_copy& upload_ahead(bool on) {
+    if (fixed_) throw std::logic_error("zenflow: host_copy::upload_ahead must be set before initialize()");
     ahead_ = on;
     return *this;
+  }
+  // Called by the optimizer's initialize(), which reads the setting then (nothing to reserve
+  // here): a later upload_ahead() is refused, as cuda_pinned's is, instead of being ignored.
+  template <class Space>
+  void reserve(Space&, std::size_t, std::size_t = 0) noexcept {
+    fixed_ = true;
   }
   bool uploads_ahead() const noexcept { return ahead_; }
   static constexpr std::size_t ahead_piece() noexcept { return std::size_t(-1); }
@@ -83,7 +90,7 @@ class host_copy {
  private:
   // atomic: the offload lane moves gradients while the training thread uploads params
   std::atomic<std::uint64_t> to_host_{0}, to_device_{0};
-  bool ahead_ = false;
+  bool ahead_ = false, fixed_ = false;
 };
 
 }  // namespace zenflow
