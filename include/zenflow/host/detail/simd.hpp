@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
@@ -81,6 +82,18 @@ struct simd_common {
   // (the upper 16 bits of each lane in the low half, for a tier's narrow16: a shift and a mask)
   static ZF_FORCEINLINE I upper16(F x) noexcept { return (bit_cast<std::int32_t>(x) >> 16) & I(0xffff); }
   static ZF_FORCEINLINE F bit_xor(F a, F b) noexcept { return a ^ b; }
+  // xsimd::select(c, a, b) on int lanes; for AVX-512 the 32-bit blend itself: xsimd 8.1's
+  // avx512bw select instantiates its 8- and 16-bit blends too, whose forms GCC uses at -O0
+  // (macros with vector casts) do not take a batch, so a header-only AVX-512 build at -O0 did
+  // not compile.
+  static ZF_FORCEINLINE I blend(const xsimd::batch_bool<std::int32_t, A>& c, const I& a, const I& b) noexcept {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<A, xsimd::avx512bw>)
+      return I(_mm512_mask_blend_epi32(static_cast<__mmask16>(c), static_cast<__m512i>(b), static_cast<__m512i>(a)));
+    else
+#endif
+      return xsimd::select(c, a, b);
+  }
 
   // fp32 -> bf16 bits in the low half of each 32-bit lane (round to nearest even, quiet NaN).
   // Shifts are arithmetic on int32 lanes; the final mask keeps the 16 bits that matter.
@@ -88,7 +101,7 @@ struct simd_common {
     const I u = bit_cast<std::int32_t>(x);
     const I rounded = ((u + I(0x7fff) + ((u >> 16) & I(1))) >> 16) & I(0xffff);
     const I quiet_nan = ((u >> 16) & I(0xffff)) | I(0x40);
-    return xsimd::select((u & I(0x7fffffff)) > I(0x7f800000), quiet_nan, rounded);
+    return blend((u & I(0x7fffffff)) > I(0x7f800000), quiet_nan, rounded);
   }
   // bf16 bits (low half of each lane) -> fp32: exact.
   static ZF_FORCEINLINE F from_bf16_bits(I h) noexcept { return bit_cast<float>(h << 16); }
@@ -102,9 +115,9 @@ struct simd_common {
     const I normal = (a - I(0x38000000) + I(0xfff) + ((a >> 13) & I(1))) >> 13;
     const F f(zenflow::detail::opaque(typename F::register_type(bit_cast<float>(a))));
     const I sub = bit_cast<std::int32_t>(f + F(0.5f)) - I(0x3f000000);
-    I h = xsimd::select(a >= I(0x38800000), normal, sub);
-    h = xsimd::select(a >= I(0x477ff000), I(0x7c00), h);
-    h = xsimd::select(a > I(0x7f800000), nan, h);
+    I h = blend(a >= I(0x38800000), normal, sub);
+    h = blend(a >= I(0x477ff000), I(0x7c00), h);
+    h = blend(a > I(0x7f800000), nan, h);
     return sign | h;
   }
   static ZF_FORCEINLINE F from_f16_bits(I h) noexcept {
@@ -113,10 +126,10 @@ struct simd_common {
     const I mant = h & I(0x3ff);
     const I normal = ((e + I(112)) << 23) | (mant << 13);
     const I special = I(0x7f800000) | (mant << 13) |
-                      xsimd::select(mant != I(0), I(0x00400000), I(0));
+                      blend(mant != I(0), I(0x00400000), I(0));
     const I sub = bit_cast<std::int32_t>(xsimd::batch_cast<float>(mant) * F(5.9604644775390625e-8f));
-    I r = xsimd::select(e == I(0), sub, normal);
-    r = xsimd::select(e == I(0x1f), special, r);
+    I r = blend(e == I(0), sub, normal);
+    r = blend(e == I(0x1f), special, r);
     return bit_cast<float>(sign | r);
   }
 };
