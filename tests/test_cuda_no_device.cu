@@ -28,7 +28,8 @@ static_assert(ahead_transport<cuda_pinned> && ahead_transport<host_copy>);
 static_assert(device_topk_updater<fused_adamw<cuda_space>, cuda_space>);
 static_assert(compacting_updater<fused_adamw<cuda_space>, cuda_space> && offload_aware_scheduler<bounded_async>);
 static_assert(std::is_same_v<default_transport_t<cuda_space>, cuda_pinned>);
-static_assert(!reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);
+// (host_copy's reserve reserves nothing: it fixes the upload-ahead setting at initialize())
+static_assert(reservable_transport<host_copy, host_space> && !device_topk_updater<fused_adamw<host_space>, host_space>);
 // and the members the optimizer detects inline (a private or misspelt one would count as absent):
 // the transport's reserve with the lane piece and its release, the space's activation, its
 // pending-error checks and its forgetting of queued work, the updater's pass in parts and
