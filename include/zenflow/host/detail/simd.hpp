@@ -218,10 +218,8 @@ struct avx512_bf16_ops : avx512_ops {
     const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
     // 1 <= |bits| <= 0x7fffff, unsigned: a subnormal (zeros, which both round alike, excluded)
     if (_mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff)))
-        [[unlikely]] {
-      narrow16(p, bf16_bits(x));
-      return;
-    }
+        [[unlikely]]
+      return avx512_ops::store(p, x);
     const __m256bh h = _mm512_cvtneps_pbh(x);
     _mm256_storeu_si256(static_cast<__m256i*>(static_cast<void*>(p)), (__m256i)h);
   }
