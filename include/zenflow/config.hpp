@@ -222,7 +222,8 @@ struct config {
 //   auto_ratio            number in [0, 1]
 //   steps_per_epoch       integer >= 0 (>= 1 needed by select_interval "auto" and strategy "epoch")
 //   offload               false only (device moments in host memory are not supported)
-//   pt_reserved_cores_perc number in [0, 1]: host_threads = max(1, round(cores * (1 - p)))
+//   pt_reserved_cores_perc number in [0, 1]: host_threads = cores - ceil(p * cores), or 0 (all
+//                         cores) when that leaves either side none or overlap_step is off
 //   score                 "l1" | "l2sq"        (zenflow's own key)
 //   host_threads          integer >= 0         (zenflow's own key; not with pt_reserved_cores_perc)
 //   reselect_moments      "keep" | "reset"     (zenflow's own key: what a joining column's Adam

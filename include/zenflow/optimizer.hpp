@@ -91,7 +91,7 @@ struct optimizer_stats {
 };
 
 struct step_info {
-  bool skipped = false;    // non-finite gradient: no state changed
+  bool skipped = false;    // non-finite gradient, or a norm past 2^63 (see step()): no state changed
   bool warm_up = false;
   bool selection = false;  // columns were (re)selected at this step
   bool boundary = false;   // a window ended: a host update was started (or done, if synchronous)
@@ -268,8 +268,8 @@ class optimizer {
   // would overflow fp32 once unscaled and clipped, skips the step (no state changes). Arguments
   // are checked before anything changes (so is the calling thread's CUDA error slot: an error
   // an earlier call left there throws, see check_no_pending_error); if the step still fails
-  // midway (a device or transfer error), the optimizer refuses step() and save() until a
-  // checkpoint is loaded. Data
+  // midway (a device or transfer error), the optimizer refuses step(), synchronize(), save()
+  // and copy_params_synchronized() until a checkpoint is loaded. Data
   // parallel, every rank calls it (a collective) with the same grad_scale (compared first, with
   // whether every rank can step: agree_to_step): the ranks' gradients are reduced first, so
   // every rank takes the same decisions and keeps the same state. Afterwards the grad buffers
@@ -899,9 +899,10 @@ class optimizer {
   // with it): a quarter of a rank's share, n / 4R, but at least 2^18 elements (1 MiB of fp32)
   // and at least R x 2^11 (so that a round's piece for each peer is about 8 KiB or more: the
   // rounds are all-to-alls), at most reduce_round(), never more than n. The rank keeps 4 bytes a
-  // round element (the buffer) plus the communicator's receive buffer of about as much: between
-  // the floors and the cap, 8 bytes x n / 4R = 2 bytes a parameter / R, an eighth of the 16
-  // bytes a parameter / R of its sharded host state — so host memory per rank stays about 1/R of
+  // round element (the buffer) plus the communicator's receive buffer of twice as much (reserved
+  // by initialize() for a reduce-scatter round's bound): between the floors and the cap,
+  // 12 bytes x n / 4R = 3 bytes a parameter / R, under a fifth of the 16 bytes a parameter / R
+  // of its sharded host state — so host memory per rank stays about 1/R of
   // one process's for a small model too (a fixed round of up to 2^24 elements ate what sharding
   // saved below a few tens of millions of parameters). The price is the number of rounds, each a
   // collective: about 4R a step between the floors and the cap, n / floor below the floors, n /

@@ -62,8 +62,8 @@ struct optimizer_checkpoint {
   // the manifest to <path>: the checkpoint of one process without the host arrays, plus a
   // section naming the set (generation, R, the shards' base name and sizes). Each file is
   // written atomically, and the manifest only once every shard is in place, so until then <path>
-  // names the previous, complete set — whichever rank dies whenever. Then each rank removes its
-  // shard of the previous set. Any number of ranks (or one process) can load the set: each reads
+  // names the previous, complete set — whichever rank dies whenever. Then, once every rank's
+  // renames are durable, every older shard file of that name goes (save_set). Any number of ranks (or one process) can load the set: each reads
   // the manifest and, from the shards whose blocks overlap its own, its columns.
   struct set_info {
     std::uint64_t generation = 0;

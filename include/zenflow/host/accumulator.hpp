@@ -1,6 +1,7 @@
 // HostAccumulator policy: the host side of ZenFlow. Per matrix it owns the fp32 master, the Adam
-// moments and per-column counts of every column (authoritative for the unselected ones) and two
-// fp32 gradient accumulators (one filling while the other feeds a background update). The
+// moments and per-column counts of every column (authoritative for the unselected ones) and an
+// fp32 gradient accumulator, two with overlap_step (one filling while the other feeds a
+// background update). The
 // updated params are not kept a second time in their dtype: stage_params() rounds the master's
 // columns when they are uploaded (the master does not change in between). A matrix whose every
 // column lives on the device (topk_ratio 1) has no host state at all. The math is the SIMD
