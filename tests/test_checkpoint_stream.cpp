@@ -47,14 +47,16 @@ double peak_rise_mb(F&& f) {
 // accumulators, staged and current params, 4 bytes each per element).
 constexpr std::size_t R = 2048, C = 2048;
 
+// `steps` steps trained (a model of another step count holds another state, so that a load
+// that changed nothing, or changed part, shows).
 struct model {
   std::vector<float> w, dw;
   optimizer<> opt;
-  explicit model(config cfg) : w(R * C), dw(R * C), opt(cfg) {
+  explicit model(config cfg, int steps = 3) : w(R * C), dw(R * C), opt(cfg) {
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(i % 97) * 1e-3f;
     opt.add_matrix(zenflow::matrix(w.data(), dw.data(), zenflow::rows{R}, zenflow::cols{C}));
     opt.initialize();
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < steps; ++s) {
       for (std::size_t i = 0; i < dw.size(); ++i) dw[i] = float((i * 7 + std::size_t(s)) % 13) * 1e-4f - 6e-4f;
       opt.step();
     }
@@ -91,15 +93,22 @@ TEST_CASE("save and load stream: peak memory rises by a few MB for a 100 MB chec
   MESSAGE("save: peak +" << save_mb << " MB for a " << bytes / 1000000 << " MB file");
   CHECK(save_mb < 16);
 
-  // a second optimizer on the same buffers' shape loads it: bit-identical state, bounded memory
-  model other(cfg);
+  // a second optimizer on the same buffers' shape, one step further (another state), loads it:
+  // bit-identical state, bounded memory
+  model other(cfg, 4);
+  std::vector<float> a(R * C), b(R * C), ma(R * C), mb(R * C);
+  m.opt.copy_exp_avg_sq(matrix_id{0}, a.data());
+  other.opt.copy_exp_avg_sq(matrix_id{0}, b.data());
+  REQUIRE(a != b);
+  REQUIRE(other.w != m.w);
   const double load_mb = peak_rise_mb([&] { other.opt.load(path); });
   MESSAGE("load: peak +" << load_mb << " MB");
   CHECK(load_mb < 16);
-  std::vector<float> a(R * C), b(R * C);
-  m.opt.copy_exp_avg_sq(matrix_id{0}, a.data());
   other.opt.copy_exp_avg_sq(matrix_id{0}, b.data());
   CHECK(a == b);
+  m.opt.copy_master(matrix_id{0}, ma.data());
+  other.opt.copy_master(matrix_id{0}, mb.data());
+  CHECK(ma == mb);
   CHECK(other.w == m.w);
   std::remove(path.c_str());
 }
@@ -109,8 +118,13 @@ TEST_CASE("foreign and oversized files are refused from the header and the size,
   model m(cfg);
   const std::string good = temp_path("stream-good.zfckpt"), big = temp_path("stream-big.zfckpt");
   m.opt.save(good);
-  std::vector<float> before(R * C), after(R * C);
-  m.opt.copy_master(matrix_id{0}, before.data());
+  // the refused files go to an optimizer one step further: a load that committed any of the
+  // good file's state would change its master
+  model other(cfg, 4);
+  std::vector<float> before(R * C), after(R * C), saved(R * C);
+  other.opt.copy_master(matrix_id{0}, before.data());
+  m.opt.copy_master(matrix_id{0}, saved.data());
+  REQUIRE(before != saved);
 
   // 4 GiB of zeros (a sparse file: nothing is written to disk): bad magic, and the peak does
   // not move (reading it whole would need the 4 GiB)
@@ -121,7 +135,7 @@ TEST_CASE("foreign and oversized files are refused from the header and the size,
     REQUIRE(::truncate(big.c_str(), 4l << 30) == 0);
   }
   std::string msg;
-  double mb = peak_rise_mb([&] { msg = load_error(m.opt, big); });
+  double mb = peak_rise_mb([&] { msg = load_error(other.opt, big); });
   CHECK(msg.find("bad magic") != std::string::npos);
   CHECK(mb < 16);
 
@@ -137,16 +151,17 @@ TEST_CASE("foreign and oversized files are refused from the header and the size,
   const long good_size = std::ftell(f);
   std::fclose(f);
   REQUIRE(::truncate(big.c_str(), good_size + (4l << 30)) == 0);
-  mb = peak_rise_mb([&] { msg = load_error(m.opt, big); });
+  mb = peak_rise_mb([&] { msg = load_error(other.opt, big); });
   CHECK(msg.find("trailing bytes after the last section") != std::string::npos);
   CHECK(msg.find("bytes; a checkpoint of this optimizer has") != std::string::npos);
   CHECK(mb < 16);
 
   // a device is not a file (it would never end)
-  CHECK(load_error(m.opt, "/dev/zero").find("not a regular file") != std::string::npos);
+  CHECK(load_error(other.opt, "/dev/zero").find("not a regular file") != std::string::npos);
 
-  m.opt.copy_master(matrix_id{0}, after.data());
+  other.opt.copy_master(matrix_id{0}, after.data());
   CHECK(before == after);  // nothing changed
+  CHECK(other.opt.usable());
   std::remove(big.c_str());
   std::remove(good.c_str());
 }

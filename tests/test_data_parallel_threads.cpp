@@ -149,6 +149,10 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 
     feed_reduced(ref, rm, src, 3, reduce_op::mean, 0, k);
     feed_reduced(ref, rm, src, 2, reduce_op::mean, k, n);
     const auto want = state_of(ref, rm);
+    // rank 0's counters at the save, which every loading rank reports right after the load (the
+    // communication ones included: nonzero here, where one process's are always 0)
+    optimizer_stats at_save;
+    std::vector<optimizer_stats> after_load(2);
     {
       zf_test::thread_hub hub(3);
       zf_test::on_ranks(hub, [&](int r) {
@@ -161,8 +165,12 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 
           opt.step();
         }
         opt.save(path);
+        if (r == 0) at_save = opt.stats();
       });
     }
+    REQUIRE(at_save.bytes_reduced > 0);
+    REQUIRE(at_save.bytes_gathered > 0);
+    REQUIRE(at_save.reduce_seconds > 0);
     std::vector<std::vector<unsigned char>> resumed(2);
     {
       zf_test::thread_hub hub(2);
@@ -172,12 +180,19 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 
         m.add_to(opt);
         opt.initialize();
         opt.load(path);
+        after_load[std::size_t(r)] = opt.stats();
         for (int s = k; s < n; ++s) {
           src.fill_all(m, s, r, 0, reduce_op::mean);
           opt.step();
         }
         resumed[std::size_t(r)] = state_of(opt, m);
       });
+    }
+    for (const optimizer_stats& st : after_load) {
+      CHECK(st.steps == at_save.steps);
+      CHECK(st.bytes_reduced == at_save.bytes_reduced);
+      CHECK(st.bytes_gathered == at_save.bytes_gathered);
+      CHECK(st.reduce_seconds == at_save.reduce_seconds);
     }
     CHECK(resumed[0] == want);
     CHECK(resumed[1] == want);

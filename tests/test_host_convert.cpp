@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,31 @@ TEST_CASE("the kernels library has every tier it was built with, available where
   CHECK(built.find(",avx512_bf16,") != std::string::npos);
 #endif
 }
+
+#if defined(__linux__) && defined(__x86_64__)
+// The run-time CPU detection against an independent source, the flags Linux reports (it clears
+// those whose register state the OS does not enable): every test "on every tier" runs on the
+// tiers detected, so a detection that missed a feature would quietly drop a tier from all of
+// them. Each tier needs the flags its objects are compiled with (cmake/zenflowHostKernels.cmake).
+TEST_CASE("tier detection agrees with /proc/cpuinfo's flags") {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  REQUIRE_MESSAGE(!flags.empty(), "no flags line in /proc/cpuinfo");
+  auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+  const bool avx2 = has("avx2") && has("f16c");
+  const bool avx512 = has("avx512f") && has("avx512cd") && has("avx512dq") && has("avx512bw") && has("f16c");
+  CHECK(cpu_supports(isa::scalar));
+  CHECK(cpu_supports(isa::sse2) == has("sse2"));
+  CHECK(cpu_supports(isa::avx2) == avx2);
+  CHECK(cpu_supports(isa::avx512) == avx512);
+  CHECK(cpu_supports(isa::avx512_bf16) == (avx512 && has("avx512_bf16")));
+}
+#endif
 
 // The avx512_bf16 tier rounds with vcvtneps2bf16, which turns a subnormal into a zero and
 // so falls back to the integer rounding for a vector holding one. Here one subnormal lane sits
