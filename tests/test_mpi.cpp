@@ -1860,11 +1860,15 @@ TEST_CASE("data parallel: a rank killed mid-save: the writing job (dies)" * doct
   const config cfg = test_config(true);
   trained t(src, cfg, 3);
   save_fresh(t.opt, killed_path());  // a complete set before anything dies
-  if (my_rank() == ranks() - 1)
+  if (my_rank() == ranks() - 1) {
+    // (mpi_rank_killed.sh requires this line: the job died after the complete set, not before)
+    std::printf("zf-kill: armed after the complete set\n");
+    std::fflush(stdout);
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::milliseconds(40));
       std::raise(SIGKILL);
     }).detach();
+  }
   for (int s = 3; s < 100000; ++s) {
     src.local_grads(t.m, s);
     t.opt.step();

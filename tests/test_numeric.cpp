@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <zenflow/numeric.hpp>
+#include <zenflow/selector/column_topk.hpp>
 
 #include "reference/reference.hpp"
 #include "support.hpp"
@@ -119,4 +120,21 @@ TEST_CASE("bfloat16 and float16 made from a float round like to_bfloat16 / to_fl
   CHECK(to_float(float16::from_bits(0x3c00)) == 1.0f);
   std::vector<bfloat16> zeros(4);  // value-initialised: zero bits, as before
   for (bfloat16 z : zeros) CHECK(z.bits == 0);
+}
+
+// The host selector against the counting reference, with many exact ties (scores from a handful
+// of values), ties straddling the k-th place included; k from 0 to every column.
+TEST_CASE("column_topk: the k largest scores, ties to the lower index, as the counting reference") {
+  zf_test::rng r(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    CAPTURE(trial);
+    const std::size_t cols = 1 + r.below(trial < 100 ? 12 : 400);
+    const std::size_t distinct = 1 + r.below(trial % 3 == 0 ? 3 : 50);
+    std::vector<double> scores(cols);
+    for (auto& x : scores) x = double(r.below(distinct)) * 0.25;
+    const std::size_t k = trial % 10 == 0 ? cols : trial % 10 == 1 ? 0 : r.below(cols + 1);
+    std::vector<std::uint32_t> got(k);
+    column_topk::select(scores.data(), cols, k, got.data());
+    CHECK(got == zf_ref::topk_columns(scores.data(), cols, k));
+  }
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace zf_ref {
 
@@ -74,6 +75,20 @@ inline adam_state adamw(adam_state s, double g, double lr, double b1, double b2,
   const double bc1 = 1 - std::pow(b1, double(n)), bc2 = 1 - std::pow(b2, double(n));
   s.p -= lr / bc1 * s.m / (std::sqrt(s.v) / std::sqrt(bc2) + eps);
   return s;
+}
+
+// ---- top-k selection: the k columns with the largest scores, ties to the lower index ----------
+// Column c is selected when fewer than k columns beat it (a larger score, or an equal one at a
+// lower index): quadratic, no sorting. The result is ascending by construction.
+inline std::vector<std::uint32_t> topk_columns(const double* scores, std::size_t cols, std::size_t k) {
+  std::vector<std::uint32_t> out;
+  for (std::size_t c = 0; c < cols; ++c) {
+    std::size_t beaten_by = 0;
+    for (std::size_t o = 0; o < cols; ++o)
+      if (scores[o] > scores[c] || (scores[o] == scores[c] && o < c)) ++beaten_by;
+    if (beaten_by < k) out.push_back(std::uint32_t(c));
+  }
+  return out;
 }
 
 }  // namespace zf_ref
