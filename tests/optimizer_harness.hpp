@@ -155,7 +155,10 @@ struct trainer {
 // The master tolerance: float vs double over tens of steps. Each step rounds the master once
 // (relative 2^-24) and the update (about lr in size) with relative error ~1e-6; over <= 60 steps
 // that stays below 1e-5 (|p| + 1) with a wide margin, while one missing, repeated or stale
-// update moves a value by about lr >= 1e-3.
+// update moves a value by about lr >= 1e-3. (The masters are compared with this tolerance alone.
+// The trainer's visible params add half a unit of their dtype: for bf16 near 1 that is 2^-9 to
+// 2^-8, as large as the smallest lr drawn, so a stale bf16 visible param can pass unseen in
+// those draws; the masters, the fp32/fp16 scenarios and the larger lr draws still catch it.)
 inline double master_tol(double ref) { return 1e-5 * (1.0 + std::fabs(ref)); }
 
 // Where the optimizer's params and grads live: for the host space, the trainer's own buffers.

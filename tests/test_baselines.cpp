@@ -19,7 +19,8 @@ using namespace zf_test;
 namespace {
 
 struct run_result {
-  std::vector<std::vector<float>> params;  // decoded params of every matrix, after each step
+  std::vector<std::vector<float>> params;  // decoded params of every matrix and vector, after each step
+  std::vector<float> masters;              // every matrix's and vector's fp32 master at the end
   optimizer_stats stats;
 };
 
@@ -42,7 +43,20 @@ run_result train(Opt& opt, const scenario& sc) {
     for (std::size_t mi = 0; mi < sc.mats.size(); ++mi)
       for (std::size_t e = 0; e < sc.mats[mi].rows * sc.mats[mi].cols; ++e)
         flat.push_back(load_as_float(tr.mp[mi], sc.mats[mi].pt, e));
+    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi)
+      for (std::size_t e = 0; e < sc.vecs[vi].n; ++e) flat.push_back(load_as_float(tr.vp[vi], sc.vecs[vi].pt, e));
     out.params.push_back(std::move(flat));
+  }
+  opt.synchronize();
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    std::vector<float> m(sc.mats[mi].rows * sc.mats[mi].cols);
+    opt.copy_master(matrix_id{mi}, m.data());
+    out.masters.insert(out.masters.end(), m.begin(), m.end());
+  }
+  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
+    std::vector<float> m(sc.vecs[vi].n);
+    opt.copy_vector_master(vector_id{vi}, m.data());
+    out.masters.insert(out.masters.end(), m.begin(), m.end());
   }
   out.stats = opt.stats();
   return out;
@@ -59,6 +73,7 @@ scenario plain_scenario(std::uint64_t seed, dtype pt, dtype gt) {
 }  // namespace
 
 TEST_CASE("zero_offload, device_adam and zenflow with topk_ratio 1 are the same AdamW, bit for bit") {
+  std::size_t vectors = 0;  // (the scenarios must hold some: their params and masters are compared too)
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
     CAPTURE(seed);
     const dtype types[] = {dtype::f32, dtype::bf16, dtype::f16};
@@ -74,6 +89,9 @@ TEST_CASE("zero_offload, device_adam and zenflow with topk_ratio 1 are the same 
       REQUIRE(a.params[s] == b.params[s]);
       REQUIRE(a.params[s] == c.params[s]);
     }
+    REQUIRE(a.masters == b.masters);
+    REQUIRE(a.masters == c.masters);
+    vectors += sc.vecs.size();
     // every matrix element crosses twice per applied step with zero_offload, never with device_adam
     const std::uint64_t applied = a.stats.steps - a.stats.skipped_steps;
     std::uint64_t grad_bytes = 0, param_bytes = 0;
@@ -87,6 +105,7 @@ TEST_CASE("zero_offload, device_adam and zenflow with topk_ratio 1 are the same 
     CHECK(b.stats.bytes_to_host == 0);
     CHECK(b.stats.host_updates == 0);  // device AdamW: no host pass updates a column
   }
+  CHECK(vectors > 0);
 }
 
 TEST_CASE("zero_offload equals a double-precision AdamW within float tolerance") {

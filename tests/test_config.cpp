@@ -213,38 +213,45 @@ TEST_CASE("a failed initialize leaves nothing half-built") {
 
 // A space with activate() (a CUDA space sets its device there) is made current by every public
 // entry point that touches the device after initialize(), on whatever thread calls it; one
-// without needs nothing.
+// without needs nothing. Each call here runs on a thread of its own, which must have activated
+// the space itself (a count per thread: an activation by the background host-update worker, or
+// by the thread that initialised, does not count).
 namespace {
 struct counting_space : host_space {
   counting_space() : host_space(0) {}
-  static inline std::atomic<int> activations{0};
-  void activate() { activations.fetch_add(1); }
+  static inline thread_local int activations_here = 0;
+  void activate() { ++activations_here; }
 };
 }  // namespace
 
 TEST_CASE("every device-touching entry point activates the space on the calling thread") {
-  std::vector<float> w(64, 0.5f), g(64, 0.01f);
+  std::vector<float> w(64, 0.5f), g(64, 0.01f), b(8, 0.25f), gb(8, 0.01f), out(64);
   config cfg;
   cfg.update_interval = interval::every(1);
   optimizer<counting_space> opt(cfg);
   opt.add_matrix({w.data(), g.data(), 8, 8});
-  int seen = counting_space::activations.load();
-  auto activated = [&] {
-    const int now = counting_space::activations.load();
-    const bool yes = now > seen;
-    seen = now;
-    return yes;
-  };
+  opt.add_vector({b.data(), gb.data(), 8});
   opt.initialize();  // the space's own initialize() chooses and sets the device
-  seen = counting_space::activations.load();
-  std::thread([&] { opt.step(); }).join();  // another thread than the one that initialised
-  CHECK(activated());
-  opt.synchronize();
-  CHECK(activated());
   const std::string path = std::string(ZF_TEST_TMP_DIR) + "/activate.zfck";
-  opt.save(path);
-  CHECK(activated());
-  opt.load(path);
-  CHECK(activated());
+  // whether `call`, run on a new thread, activated the space on that thread
+  auto on_own_thread = [](auto&& call) {
+    bool activated = false;
+    std::thread([&] {
+      call();
+      activated = counting_space::activations_here > 0;
+    }).join();
+    return activated;
+  };
+  CHECK(on_own_thread([&] { opt.step(); }));
+  CHECK(on_own_thread([&] { opt.synchronize(); }));
+  CHECK(on_own_thread([&] { opt.copy_master(matrix_id{0}, out.data()); }));
+  CHECK(on_own_thread([&] { opt.copy_exp_avg(matrix_id{0}, out.data()); }));
+  CHECK(on_own_thread([&] { opt.copy_exp_avg_sq(matrix_id{0}, out.data()); }));
+  CHECK(on_own_thread([&] { (void)opt.column_counts(matrix_id{0}); }));
+  CHECK(on_own_thread([&] { opt.copy_params_synchronized(matrix_id{0}, out.data()); }));
+  CHECK(on_own_thread([&] { opt.copy_vector_master(vector_id{0}, out.data()); }));
+  CHECK(on_own_thread([&] { opt.save(path); }));
+  CHECK(on_own_thread([&] { opt.load(path); }));
+  CHECK_FALSE(on_own_thread([] {}));  // (a thread that calls nothing has not)
   std::remove(path.c_str());
 }

@@ -206,6 +206,9 @@ TEST_CASE("adamw: bias correction uses each column's own count") {
   adamw(arena, job, 2, counts);
   CHECK(counts[0] == 1);
   CHECK(counts[1] == 10);
+  // (1e-6: p is an fp32 near 1, whose spacing is 1.2e-7, and the update, ~0.01, carries a relative
+  // error of a few float roundings, ~1e-9 absolute: the fp32 result is within a spacing or so of
+  // the exact one, 8x inside the bound; a wrong count moves it by ~1e-3, see the last check)
   CHECK(std::fabs(double(p[0]) - (1 - 0.01)) < 1e-6);
   const zf_ref::adam_state tenth = zf_ref::adamw({1, 0, 0}, 0.5, 0.01, 0.9, 0.999, 1e-12, 0, true, 10);
   CHECK(std::fabs(double(p[1]) - tenth.p) < 1e-6);

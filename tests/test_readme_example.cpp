@@ -43,19 +43,39 @@ void constant_gradients(std::vector<layer>& layers) {
 }
 }  // namespace
 
-TEST_CASE("the README example trains: a constant gradient moves a bias lr per step") {
+TEST_CASE("the README example trains: a constant gradient moves a bias lr per step, and each column of w by lr per "
+          "update it had") {
   std::vector<layer> layers(2);
   for (layer& l : layers) {
     l.in = 64;
     l.out = 16;
-    l.w.assign(l.in * l.out, zenflow::to_bfloat16(0.25f));
+    // (zero: where bf16 resolves a move of lr = 1e-4; at 0.25 its spacing is 2e-3)
+    l.w.assign(l.in * l.out, zenflow::to_bfloat16(0.0f));
     l.dw.resize(l.w.size());
     l.b.assign(l.out, zenflow::to_bfloat16(0.0f));
     l.db.resize(l.out);
   }
   train(layers, 10, constant_gradients);
-  // Vectors are updated on the device every step: with a constant gradient, Adam's bias-corrected
-  // step is lr (times 1 - tiny eps terms), and the decay of a zero-started bias is second order.
+  // With a constant gradient every Adam step moves a parameter by lr: m-hat = g and sqrt(v-hat) =
+  // |g|, so the step is lr * g / (|g| + eps), 1 - 2e-8 of lr; the decay of a zero-started value
+  // is second order (lr * wd * |p| < 1e-9 a step); the fp32 master's own rounding over 10 steps
+  // is ~1e-10. What remains is the bf16 rounding of the visible value: half its spacing, 2^-18
+  // (3.8e-6) near 1e-3 and 2^-21 (4.8e-7) near 2e-4. Tolerance 1e-5 > 3.8e-6 + those terms, and
+  // an update too many or too few moves the value by lr = 1e-4.
+  // Vectors are updated on the device every step: 10 steps.
   for (layer& l : layers)
     for (auto b : l.b) CHECK(std::fabs(zenflow::to_float(b) + 10 * 1e-4) < 1e-5);
+  // Matrices: every column scores the same, so the top k = floor(0.1 * 64) = 6 are columns 0..5
+  // (ties to the lower index), updated on the device at each of the 10 steps. The other 58 take
+  // one host AdamW step per window of update_interval = 4 steps (the window's mean gradient is
+  // g again): windows 1-4 and 5-8; synchronize() lands the host update of window 5-8 (one window
+  // behind, with overlap), and the open window 9-10 is not applied.
+  for (layer& l : layers)
+    for (std::size_t o = 0; o < l.out; ++o)
+      for (std::size_t c = 0; c < l.in; ++c) {
+        CAPTURE(o);
+        CAPTURE(c);
+        const double moves = c < 6 ? 10 : 2;
+        CHECK(std::fabs(zenflow::to_float(l.w[o * l.in + c]) + moves * 1e-4) < 1e-5);
+      }
 }
