@@ -339,3 +339,48 @@ TEST_CASE("C API: a save whose allocation fails leaves the previous file, and on
   zf_destroy(other);
   std::remove(path.c_str());
 }
+
+namespace {
+// A Scheduler whose host-update launch fails with a message longer than any string holds inline
+// (the optimizer must copy it to keep it), and with no memory left from then on.
+struct starving_update : zenflow::synchronous {
+  static inline bool fail = false;
+  template <class Job>
+  void launch(Job&& job) {
+    if (fail) {
+      std::runtime_error e("the host update lane failed, and then memory ran out as well");
+      starve = true;
+      throw e;
+    }
+    zenflow::synchronous::launch(std::forward<Job>(job));
+  }
+};
+}  // namespace
+
+TEST_CASE("a step that fails midway while no memory is left is still marked unusable, with a fixed reason") {
+  // The optimizer keeps why it refuses work in a string; where copying the error's message needs
+  // memory that cannot be had, it keeps "out of memory" (which needs none) instead: it must never
+  // look usable after a step that failed midway.
+  using namespace zenflow;
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::every(2);
+  cfg.overlap_step = false;
+  std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f);
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, starving_update> opt(cfg);
+  opt.add_matrix({w.data(), g.data(), 8, 16});
+  opt.initialize();
+  opt.step();  // t = 1: mid-window
+  starving_update::fail = true;
+  bool threw = false;
+  try {
+    opt.step();  // t = 2: the boundary's launch throws
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  starve = false;
+  starving_update::fail = false;
+  REQUIRE(threw);
+  CHECK_FALSE(opt.usable());
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("failed midway (out of memory)"), std::logic_error);
+}
