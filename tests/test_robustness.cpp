@@ -578,3 +578,103 @@ TEST_CASE("host_copy refuses pieces of 0 bytes instead of looping") {
   CHECK(consumed == 4);
   CHECK(t.bytes_to_host() == 64);
 }
+
+TEST_CASE("copy_* refuse a null or misaligned out, or one over a registered param or grad, and change nothing") {
+  // An fp32 matrix's param holds its selected columns' master: copying the master into it would
+  // read columns it had just overwritten (and any copy into a registered buffer writes over the
+  // trainer's model or gradients).
+  std::vector<float> w(R * C, 0.25f), dw(R * C), b(C, 0.5f), db(C, 0.01f);
+  optimizer<> opt(small_config(false));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.add_vector({b.data(), db.data(), C});
+  opt.initialize();
+  for (int s = 0; s < 3; ++s) {
+    gradients(dw, s);
+    opt.step();
+  }
+  auto masters = [&] {
+    std::vector<float> m(R * C), v(C);
+    opt.copy_master(matrix_id{0}, m.data());
+    opt.copy_vector_master(vector_id{0}, v.data());
+    m.insert(m.end(), v.begin(), v.end());
+    return m;
+  };
+  const auto before = masters();
+  const auto w_before = w, dw_before = dw, b_before = b;
+  const auto steps = opt.stats().steps;
+  std::vector<float> room(R * C + 1);
+  float* misaligned = reinterpret_cast<float*>(reinterpret_cast<char*>(room.data()) + 2);
+  using copy_fn = void (*)(optimizer<>&, float*);
+  const std::pair<const char*, copy_fn> calls[] = {
+      {"copy_master()", [](optimizer<>& o, float* out) { o.copy_master(matrix_id{0}, out); }},
+      {"copy_exp_avg()", [](optimizer<>& o, float* out) { o.copy_exp_avg(matrix_id{0}, out); }},
+      {"copy_exp_avg_sq()", [](optimizer<>& o, float* out) { o.copy_exp_avg_sq(matrix_id{0}, out); }},
+      {"copy_params_synchronized()", [](optimizer<>& o, float* out) { o.copy_params_synchronized(matrix_id{0}, out); }},
+      {"copy_vector_master()", [](optimizer<>& o, float* out) { o.copy_vector_master(vector_id{0}, out); }},
+  };
+  for (const auto& [name, call] : calls) {
+    CAPTURE(name);
+    const std::string who = std::string("zenflow: ") + name + ": ";
+    CHECK_THROWS_WITH_AS(call(opt, nullptr), (who + "out is null").c_str(), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(call(opt, misaligned), (who + "out is not aligned to its element size (4 bytes)").c_str(),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(call(opt, w.data()), (who + "out overlaps matrix 0 param, which the copy would write over").c_str(),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(call(opt, dw.data() + 3), doctest::Contains("out overlaps matrix 0 grad"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(call(opt, b.data()), doctest::Contains("out overlaps vector 0 param"), std::invalid_argument);
+  }
+  CHECK(w == w_before);
+  CHECK(dw == dw_before);
+  CHECK(b == b_before);
+  CHECK(masters() == before);
+  CHECK(opt.usable());
+  CHECK(opt.stats().steps == steps);
+  // and one just past the registered buffers is taken
+  CHECK_NOTHROW(opt.copy_master(matrix_id{0}, room.data()));
+}
+
+namespace {
+// Selectors of the trainer's own that break the contract (k distinct columns below cols,
+// ascending; k() at most cols).
+template <int Kind>
+struct bad_selector {
+  static std::size_t k(double, std::size_t cols) noexcept { return Kind == 3 ? cols + 1 : 4; }
+  static constexpr bool needs_scores = true;
+  static void select(const double*, std::size_t cols, std::size_t k, std::uint32_t* out) {
+    for (std::size_t s = 0; s < k; ++s) out[s] = std::uint32_t(s);
+    if (Kind == 0) out[k - 1] = std::uint32_t(cols);  // out of range
+    if (Kind == 1) out[2] = out[1];                   // a column twice
+    if (Kind == 2) std::swap(out[0], out[3]);         // not ascending
+  }
+};
+template <int Kind>
+using bad_selector_optimizer = optimizer<host_space, bad_selector<Kind>>;
+
+template <int Kind>
+void expect_refused_selection(const char* what) {
+  CAPTURE(what);
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  bad_selector_optimizer<Kind> opt(small_config(false));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  opt.initialize();
+  gradients(dw, 0);
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("the Selector's choice for matrix 0 has column"), std::logic_error);
+  CHECK(opt.stats().selections == 0);  // no column moved
+  CHECK_FALSE(opt.usable());           // (a failed step: a load brings it back)
+}
+}  // namespace
+
+TEST_CASE("a Selector's choice out of range, repeated or unordered is refused, and so is a k() above cols") {
+  expect_refused_selection<0>("out of range");
+  expect_refused_selection<1>("a column twice");
+  expect_refused_selection<2>("not ascending");
+  std::vector<float> w(R * C, 0.25f), dw(R * C);
+  bad_selector_optimizer<3> opt(small_config(false));
+  opt.add_matrix({w.data(), dw.data(), R, C});
+  CHECK_THROWS_WITH_AS(opt.initialize(),
+                       ("zenflow: the Selector's k() gives " + std::to_string(C + 1) + " columns for matrix 0 of " +
+                        std::to_string(C))
+                           .c_str(),
+                       std::logic_error);
+  CHECK_FALSE(opt.initialized());
+}

@@ -409,6 +409,9 @@ class optimizer {
         },
         [&] {
           check_matrix(i);
+          const matrix_param& m = matrices_[i];
+          buffers_.check_out("copy_params_synchronized()", out, m.rows * m.cols * size_of(m.param_type),
+                             size_of(m.param_type));
           if (data_parallel && pending_)
             all.resize(unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].param_type));
         });
@@ -444,6 +447,7 @@ class optimizer {
   void copy_vector_master(vector_id id, float* out) {
     const std::size_t vec = id.index();
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
+    buffers_.check_out("copy_vector_master()", out, 4 * vectors_[vec].n, 4);
     enter();
     const auto& v = updater_.vector(vec);
     space_.download(out, v.param_master ? v.p.param : v.master.data(), 4 * v.p.n);  // (an fp32 param is its master)
@@ -1263,6 +1267,10 @@ class optimizer {
     unselected_.reserve(matrices_.size());
     for (const matrix_param& p : matrices_) {
       const std::size_t k = Selector::k(cfg_.topk_ratio, p.cols);
+      if (k > p.cols)  // (a Selector of the trainer's own)
+        throw std::logic_error("zenflow: the Selector's k() gives " + std::to_string(k) + " columns for matrix " +
+                               std::to_string(std::size_t(&p - matrices_.data())) +
+                               " of " + std::to_string(p.cols));
       const std::size_t i = updater_.add_matrix(p, k);
       // this rank's block of columns (all of them in one process); a resident matrix: nothing on
       // the host, ever
@@ -2195,6 +2203,7 @@ class optimizer {
           chosen[i].resize(k);
           Selector::select(Selector::needs_scores ? updater_.scores(i, cfg_.score) : nullptr, matrices_[i].cols, k,
                            chosen[i].data());
+          check_selection(chosen[i], matrices_[i].cols, i);
         }
       }
       if (distributed()) {
@@ -2216,6 +2225,17 @@ class optimizer {
       }
     }
     ++selections_;
+  }
+
+  // A Selector's choice for matrix i: distinct column indices below cols, ascending (what the swap
+  // planning and the device's slots rely on). A Selector of the trainer's own that breaks it is
+  // refused before any column moves (a std::logic_error: a step that throws it is a failed one).
+  static void check_selection(const std::vector<std::uint32_t>& chosen, std::size_t cols, std::size_t i) {
+    for (std::size_t s = 0; s < chosen.size(); ++s)
+      if (chosen[s] >= cols || (s > 0 && chosen[s] <= chosen[s - 1]))
+        throw std::logic_error("zenflow: the Selector's choice for matrix " + std::to_string(i) + " has column " +
+                               std::to_string(chosen[s]) + " at place " + std::to_string(s) +
+                               ": it must be distinct columns below " + std::to_string(cols) + ", ascending");
   }
 
   // Columns that leave hand their fp32 master, moments and count to the host; columns that join
@@ -2329,7 +2349,10 @@ class optimizer {
   void column_state(const char* call, std::size_t matrix, float* out, DeviceArray dev, HostArray host,
                     bool master = false) {
     enter();
-    enter_collective(call, [&] { quiesce(); }, [&] { check_matrix(matrix); });
+    enter_collective(call, [&] { quiesce(); }, [&] {
+      check_matrix(matrix);
+      buffers_.check_out(call, out, 4 * matrices_[matrix].rows * matrices_[matrix].cols, 4);
+    });
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;
     if (const auto& hs = host_.matrix(matrix); hs.on_host) {  // this rank's block, then the others'

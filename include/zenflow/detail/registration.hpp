@@ -109,6 +109,18 @@ class registered_buffers {
     }
   }
 
+  // The destination of a copy out of the optimizer (copy_master and the like), `bytes` long:
+  // refused if null, misaligned for its elements, or overlapping a registered param or grad —
+  // the copy would write over what it reads (an fp32 param holds its selected columns' master)
+  // or over the trainer's model.
+  void check_out(const std::string& who, const void* out, std::size_t bytes, std::size_t align) const {
+    if (!out) invalid(who + ": out is null");
+    if (at(out) % align) invalid(who + ": out is not aligned to its element size (" + std::to_string(align) + " bytes)");
+    if (bytes == 0) return;
+    if (const auto hit = overlapping({at(out), at(out) + bytes}); hit != extents_.end())
+      invalid(who + ": out overlaps " + name(hit->second.owner) + ", which the copy would write over");
+  }
+
   // Host memory of the records: a tree node each (the entry after 32 bytes of colour and links),
   // as the heap block it occupies (rounded up to 16 bytes with an 8-byte header).
   std::size_t bytes() const noexcept { return extents_.size() * ((32 + sizeof(map::value_type) + 8 + 15) / 16 * 16); }
