@@ -428,9 +428,18 @@ TEST_CASE("checkpoint: found by fuzzing — empty selections round-trip, impossi
   // (or a negative one, whose square root is a NaN at the next update)
   for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), -1.0f}) {
     const std::vector<unsigned char> v = crafted(img, mat, 8 + 8 * n, &bad, 4);
-    CHECK_THROWS_WITH_AS(b.load_image(v.data(), v.size()), doctest::Contains("matrix 0: a master or moment is not finite"),
-                         checkpoint_error);
+    CHECK_THROWS_WITH_AS(b.load_image(v.data(), v.size()),
+                         doctest::Contains("matrix 0: a master, moment or accumulator is not finite"), checkpoint_error);
   }
+  // ... a NaN or an infinity in either gradient accumulator (its first element, and the second
+  // accumulator's last), which the next boundary would add into the host columns' update
+  for (const std::size_t at : {8 + 12 * n, 8 + 20 * n - 4})
+    for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      CAPTURE(at);
+      const std::vector<unsigned char> v = crafted(img, mat, at, &bad, 4);
+      CHECK_THROWS_WITH_AS(b.load_image(v.data(), v.size()),
+                           doctest::Contains("matrix 0: a master, moment or accumulator is not finite"), checkpoint_error);
+    }
   reseal(img, mat);  // the same file, untouched, loads (the edits above were all that was wrong)
   CHECK_NOTHROW(b.load_image(img.data(), img.size()));
   // a null image is an error, not a read through a null pointer

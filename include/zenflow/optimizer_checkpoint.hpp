@@ -631,7 +631,9 @@ struct optimizer_checkpoint {
       r.bytes(counts.data(), 4 * active);
       if (on_host) {
         finite = moments_ok(r, std::uint64_t(n), buf) && finite;
-        r.skip(4 * accs * std::uint64_t(n), buf);
+        // (the window's gradient accumulators: a NaN there would reach every host column at the
+        // next boundary, on a step not reported skipped)
+        finite = floats_ok(r, accs * std::uint64_t(n), no_sign_check, buf) && finite;
         r.bytes(hcounts.data(), 4 * p.cols);
       } else {
         hcounts.clear();
@@ -641,7 +643,7 @@ struct optimizer_checkpoint {
       if (o.updater_.matrix(i).param_master) finite = floats_ok(r, std::uint64_t(n), no_sign_check, buf) && finite;
       else r.skip(std::uint64_t(pb), buf);
       where.back().crc = r.finish();
-      if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
+      if (!finite) bad("matrix " + std::to_string(i) + ": a master, moment or accumulator is not finite, or a second moment is negative");
       if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
       for (std::size_t s = 0; s < active; ++s)
         if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
@@ -906,12 +908,12 @@ struct optimizer_checkpoint {
         sh.where[i] = {in.offset(), mh.len, 0};
         ckpt::section_in r(in, mh.len, index);
         const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
-        const bool finite = moments_ok(r, n * h.rows, buf);
-        r.skip(4 * accs * n * h.rows, buf);
+        bool finite = moments_ok(r, n * h.rows, buf);
+        finite = floats_ok(r, accs * n * h.rows, no_sign_check, buf) && finite;  // (the accumulators)
         std::vector<std::uint32_t> counts(n);
         r.bytes(counts.data(), 4 * n);
         sh.where[i].crc = r.finish();
-        if (!finite) bad("matrix " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
+        if (!finite) bad("matrix " + std::to_string(i) + ": a master, moment or accumulator is not finite, or a second moment is negative");
         for (auto x : counts)
           if (x > applied) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
         ++index;
