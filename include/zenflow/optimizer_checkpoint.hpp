@@ -232,18 +232,20 @@ struct optimizer_checkpoint {
     if (std::uint64_t(R) > max_shards)  // (the same R on every rank: every rank throws here)
       throw std::runtime_error("zenflow: a sharded checkpoint holds at most " + std::to_string(max_shards) +
                                " shards; this job has " + std::to_string(R) + " ranks");
-    // rank 0 tells every rank the new generation: above the previous set's and above every shard
-    // file of this base in the directory, so that a set whose manifest cannot be read (damaged,
-    // or an I/O error) never has its shards overwritten. With it, each rank's path made absolute
-    // (a digest): rank 0's names the manifest and the shards' base, so a rank whose path differs
-    // (a relative path from another working directory, say) would write shards the manifest
-    // never finds while its clean-up removed the previous set's — every rank refuses instead,
-    // before anything is written.
-    // A directory rank 0 cannot list (an I/O error, no permission, no descriptor left) gives no
-    // generation (0): a guess could be the current set's, whose shards the new ones would replace.
-    // Between collectives nothing is thrown on one rank alone: what fails (an allocation, rank
-    // 0's listing running out of memory) is caught and voted on, so that every rank refuses at
-    // the same point instead of leaving the others waiting in the next collective.
+    // The new generation: above the previous set's and above every shard file of this base that
+    // any rank finds in its directory (ranks may have file systems of their own: a shard a killed
+    // save left on one node is seen by that rank only, and taking rank 0's listing alone would
+    // refuse every later save on that rank's file being there), so that a set whose manifest
+    // cannot be read (damaged, or an I/O error) never has its shards overwritten. Each rank
+    // gathers its listing's bound with its path made absolute (a digest): rank 0's names the
+    // manifest and the shards' base, so a rank whose path differs (a relative path from another
+    // working directory, say) would write shards the manifest never finds while its clean-up
+    // removed the previous set's — every rank refuses instead, before anything is written.
+    // A directory a rank cannot list (an I/O error, no permission, no descriptor left) gives no
+    // bound (0): a guess could be the current set's, whose shards the new ones would replace.
+    // Between collectives nothing is thrown on one rank alone: what fails (an allocation, a
+    // listing running out of memory) is caught and voted on, so that every rank refuses at the
+    // same point instead of leaving the others waiting in the next collective.
     std::vector<std::size_t> counts;
     std::vector<std::uint64_t> gen;
     std::error_code unlisted;
@@ -251,11 +253,11 @@ struct optimizer_checkpoint {
     try {
       counts.assign(std::size_t(R), 16);
       gen.assign(2 * std::size_t(R), 0);
-      if (rank == 0) {
-        if (const auto high = highest_generation(dir_of(path), base_of(path), unlisted)) {
-          gen[0] = *high + 1;
-          if (const auto old = set_at(path)) gen[0] = std::max(gen[0], old->generation + 1);
-        }
+      std::uint64_t& bound = gen[2 * std::size_t(rank)];
+      if (const auto high = highest_generation(dir_of(path), base_of(path), unlisted)) {
+        bound = *high + 1;
+        if (rank == 0)
+          if (const auto old = set_at(path)) bound = std::max(bound, old->generation + 1);
       }
       gen[2 * std::size_t(rank) + 1] = path_digest(path);
     } catch (...) {
@@ -267,11 +269,17 @@ struct optimizer_checkpoint {
                                "anything was written (it threw its error); the previous checkpoint stands");
     }
     o.all_gather_host(gen.data(), counts.data());
-    if (gen[0] == 0)
-      throw std::runtime_error("zenflow: save(" + path + ") refused on every rank: rank 0 could not list the directory "
-                               "of " + path + (unlisted ? " (" + unlisted.message() + ")" : std::string()) +
-                               " (a new set's generation must be above every shard file there); nothing was written, "
-                               "the previous checkpoint stands");
+    std::uint64_t generation = 0;
+    for (int r = 0; r < R; ++r) {
+      const std::uint64_t bound = gen[2 * std::size_t(r)];
+      if (bound == 0)
+        throw std::runtime_error("zenflow: save(" + path + ") refused on every rank: rank " + std::to_string(r) +
+                                 " could not list the directory of " + path +
+                                 (r == rank && unlisted ? " (" + unlisted.message() + ")" : std::string()) +
+                                 " (a new set's generation must be above every shard file there); nothing was "
+                                 "written, the previous checkpoint stands");
+      generation = std::max(generation, bound);
+    }
     for (int r = 1; r < R; ++r)
       if (gen[2 * std::size_t(r) + 1] != gen[1])
         throw std::invalid_argument("zenflow: save(" + path + ") refused on every rank: rank " + std::to_string(r) +
@@ -286,15 +294,15 @@ struct optimizer_checkpoint {
     try {
       dir = dir_of(path);
       base = base_of(path);
-      mine = shard_path(dir, base, gen[0], rank, R);  // (gen[0]: rank 0's)
+      mine = shard_path(dir, base, generation, rank, R);
       shards.assign(2 * std::size_t(R), 0);
       // A new generation has no files yet; one there already (a directory listed in part, or
       // a file made meanwhile) may be a set's that a manifest names: it is not written over.
       std::error_code ec;  // (not found: file_type::not_found; a failed look-up: file_type::none)
       if (std::filesystem::symlink_status(mine, ec).type() != std::filesystem::file_type::not_found)
         throw std::runtime_error("zenflow: " + mine + " exists already (or cannot be looked up), though its generation " +
-                                 std::to_string(gen[0]) + " should be new; nothing was written over it");
-      const auto [size, digest, synced] = write_shard(o, mine, gen[0]);
+                                 std::to_string(generation) + " should be new; nothing was written over it");
+      const auto [size, digest, synced] = write_shard(o, mine, generation);
       wrote = true;
       durable = synced;
       shards[2 * std::size_t(rank)] = size;
@@ -313,7 +321,7 @@ struct optimizer_checkpoint {
     o.all_gather_host(shards.data(), counts.data());
     if (rank == 0) {
       try {
-        set_info info{gen[0], std::uint32_t(R), base, {}, {}};
+        set_info info{generation, std::uint32_t(R), base, {}, {}};
         for (int r = 0; r < R; ++r) {
           info.sizes.push_back(shards[2 * std::size_t(r)]);
           info.digests.push_back(shards[2 * std::size_t(r) + 1]);
@@ -335,7 +343,7 @@ struct optimizer_checkpoint {
     // own clean up theirs.
     // (after the last collective: remove_shards fails no rank's save alone)
     remove_shards(path, [&](const shard_file& f) {
-      return f.generation < gen[0] && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R)));
+      return f.generation < generation && (f.rank == std::uint64_t(rank) || (rank == 0 && f.rank >= std::uint64_t(R)));
     });
   }
 
