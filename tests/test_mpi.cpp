@@ -325,7 +325,7 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
         per_step += 4 * rows_ * (cols_ - (c1 - c0)) + 17 * (R - 1) * (c1 - c0);
       }
       const std::size_t mine = detail::shard_begin(N2, ranks(), my_rank() + 1) - detail::shard_begin(N2, ranks(), my_rank());
-      per_step += 4 * ((N2 - mine) + mine * (R - 1)) + 8 * (R - 1);
+      per_step += 4 * ((N2 - mine) + mine * (R - 1)) + 12 * (R - 1);
       CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * per_step + (R - 1) * dp.own_selected_bytes);
       // and less than the all-reduce of every gradient would send (2 (R - 1) / R of it)
       if (R > 1) CHECK(dp.stats.bytes_reduced < std::uint64_t(steps) * 4 * 2 * (R - 1) * n_all / R);
@@ -599,8 +599,8 @@ TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient,
   CHECK(state_of(opt, m) == reference_run(src, reduce_op::mean, true, n).state);
   const std::size_t R = std::size_t(ranks());
   const std::size_t mine = detail::shard_begin(n_all, ranks(), my_rank() + 1) - detail::shard_begin(n_all, ranks(), my_rank());
-  // (the all-reduce's bytes, and each step's 8-byte vote to each of the others)
-  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * (4 * ((n_all - mine) + mine * (R - 1)) + 8 * (R - 1)));
+  // (the all-reduce's bytes, and each step's 12-byte vote to each of the others)
+  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * (4 * ((n_all - mine) + mine * (R - 1)) + 12 * (R - 1)));
   // With the whole gradient on every rank the offload's compaction can run in the gradient pass
   // (each rank places only its own block's unselected columns): forced on every step that can
   // (compaction_support.hpp), the same state.
@@ -1157,13 +1157,14 @@ std::string thrown(F&& f) {
   return "";
 }
 
-TEST_CASE("data parallel: a rank that cannot step, or grad_scales that differ, make every rank throw instead of hang") {
+TEST_CASE("data parallel: a rank that cannot step, or grad_scales or learning rates that differ, make every rank throw "
+          "instead of hang") {
   // Before a step's first collective the ranks compare their grad_scale and whether each can
   // step; the collectives outside step() (save, synchronize, the copies) vote on the same before
   // theirs. Without that, a rank that throws alone leaves the others in a collective it never
   // joins (this job would hang until ctest's timeout), and different grad_scales would apply
   // different updates to what must stay one state. Here: scales that differ (the same words on
-  // every rank), an invalid scale on the last rank, then a background accumulation that fails on
+  // every rank), an invalid scale on the last rank, a learning rate set on the last rank only, then a background accumulation that fails on
   // the last rank, met by the next step, and again by a save. Every rank throws each time; after
   // a failure every rank refuses work until a load on every rank, after which they go on in step
   // (the reference: one process fed the reduced gradient, resumed from the same set).
@@ -1193,7 +1194,15 @@ TEST_CASE("data parallel: a rank that cannot step, or grad_scales that differ, m
   CHECK(same_everywhere(fnv(std::vector<unsigned char>(differ.begin(), differ.end()))));
   const std::string invalid = thrown([&] { opt.step(last ? 0.0f : 1.0f); });
   CHECK(invalid.find(last ? "grad_scale must be finite and > 0" : "passed grad_scale 0") != std::string::npos);
-  run(4, 6);  // (neither changed anything, nor left the optimizer unusable)
+  // a learning rate set on one rank only (a scheduler run per rank, say): refused alike
+  const float lr = opt.lr();
+  if (last) opt.set_lr(2 * lr);
+  const std::string lr_differs = thrown([&] { opt.step(); });
+  CHECK(lr_differs.find("the learning rate is " + zenflow::detail::exact(2 * lr) + " on rank " +
+                        std::to_string(ranks() - 1)) != std::string::npos);
+  CHECK(same_everywhere(fnv(std::vector<unsigned char>(lr_differs.begin(), lr_differs.end()))));
+  opt.set_lr(lr);
+  run(4, 6);  // (none of them changed anything, nor left the optimizer unusable)
   // a background failure on the last rank
   auto fail_behind = [&](int s) {
     opt.synchronize();  // (no offload in flight: the next one is the first to fail)

@@ -1060,22 +1060,24 @@ class optimizer {
     if (!std::isfinite(float(1.0 / double(s))))
       fail("grad_scale " + detail::exact(s) + " is too small: 1 / grad_scale overflows fp32");
   }
-  // Data parallel, before a step's first collective: each rank's grad_scale and whether it can
-  // step (no step failed midway there; no background job's error already waiting; no error an
-  // earlier call left on its thread), gathered (8 bytes a rank, in bytes_reduced), so that every
-  // rank decides alike. A rank that cannot step, a grad_scale that is invalid on some rank, or
-  // grad_scales that differ (the ranks would apply different updates to what must stay the same
-  // state) make every rank throw here, nothing changed — instead of the others waiting in a
+  // Data parallel, before a step's first collective: each rank's grad_scale, its learning rate
+  // (set_lr) and whether it can step (no step failed midway there; no background job's error
+  // already waiting; no error an earlier call left on its thread), gathered (12 bytes a rank, in
+  // bytes_reduced), so that every rank decides alike. A rank that cannot step, a grad_scale that
+  // is invalid on some rank, or grad_scales or learning rates that differ (the ranks would apply
+  // different updates to what must stay the same state) make every rank throw here, nothing
+  // changed — instead of the others waiting in a
   // collective that rank never joins, or the states drifting apart. The rank at fault throws its
   // own error. (The last step's offload is finished first, so its error is in the vote; the host
   // update's wait later in the step is voted on in drain().)
   struct step_vote {
     float scale;
+    float lr;
     // 1: a step failed midway; 2: a background job's error waits; 3: an earlier call left an
     // error on the thread (error_pending: a CUDA error nobody checked)
     std::uint32_t cannot;
   };
-  static_assert(sizeof(step_vote) == 8);
+  static_assert(sizeof(step_vote) == 12);
   bool scheduler_failed() {
     if constexpr (requires { scheduler_.failed(); }) return scheduler_.failed();
     else return false;
@@ -1087,8 +1089,9 @@ class optimizer {
     // its own offload)
     if constexpr (requires { scheduler_.settle_offload(); }) scheduler_.settle_offload();
     auto& votes = votes_;  // (members: sized once, no allocation a step)
-    votes.assign(R, step_vote{0.0f, 0});
+    votes.assign(R, step_vote{0.0f, 0.0f, 0});
     votes[me].scale = grad_scale;
+    votes[me].lr = cfg_.adam.lr;
     if (!broken_.empty()) votes[me].cannot = 1;
     else if (scheduler_failed()) votes[me].cannot = 2;
     else if (error_pending()) votes[me].cannot = 3;
@@ -1128,6 +1131,11 @@ class optimizer {
         fail("step() refused on every rank: grad_scale is " + detail::exact(votes[r].scale) + " on rank " +
              std::to_string(r) + ", " + detail::exact(votes[0].scale) +
              " on rank 0; every rank must pass the same (the ranks apply one reduced gradient)");
+    for (std::size_t r = 1; r < R; ++r)
+      if (std::memcmp(&votes[r].lr, &votes[0].lr, sizeof(float)) != 0)
+        fail("step() refused on every rank: the learning rate is " + detail::exact(votes[r].lr) + " on rank " +
+             std::to_string(r) + ", " + detail::exact(votes[0].lr) +
+             " on rank 0; every rank must set the same (set_lr: the ranks keep one replicated state)");
   }
   // Data parallel, the calls that are collectives besides step() (synchronize, save, the state
   // copies, column_counts): `check` checks this call's arguments (a matrix id), `local` does what
