@@ -1264,6 +1264,21 @@ std::string error_with_communicator(bool odd, const config& cfg) {
   return initialize_error(opt).first;
 }
 
+// What initialize() threw on this rank, the odd ranks' optimizer being an OddOpt (other
+// policies), every other rank's a dp_optimizer.
+template <class OddOpt>
+std::string error_with_optimizer(bool odd, const config& cfg) {
+  model m;
+  if (odd) {
+    OddOpt opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+    m.add_to(opt);
+    return initialize_error(opt).first;
+  }
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  return initialize_error(opt).first;
+}
+
 // An accumulator whose allocation fails where fail_allocation is set (a rank short of memory).
 bool fail_allocation = false;
 struct failing_accumulator : simd_accumulator {
@@ -1613,6 +1628,21 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
       CHECK(what.empty());
     } else {
       CHECK(what.find(other_expect[c]) != std::string::npos);
+      CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
+    }
+  }
+  // A rank built from other policies (everything else alike): another Selector would pick other
+  // columns, another Scheduler is harmless but still not the same program. Every rank refuses.
+  const std::string other_type[] = {
+      error_with_optimizer<optimizer<host_space, select_all, fused_adamw<host_space>, simd_accumulator, host_copy,
+                                     bounded_async, mpi_communicator>>(odd, base),
+      error_with_optimizer<optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy,
+                                     synchronous, mpi_communicator>>(odd, base)};
+  for (const std::string& what : other_type) {
+    if (ranks() == 1) {
+      CHECK(what.empty());
+    } else {
+      CHECK_MESSAGE(what.find("the ranks' optimizers are of different types (" + them) != std::string::npos, what);
       CHECK(same_everywhere(fnv(std::vector<unsigned char>(what.begin(), what.end()))));
     }
   }

@@ -22,6 +22,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -1616,6 +1617,19 @@ class optimizer {
     if constexpr (ahead_transport<Transport>) return transport_.uploads_ahead();
     else return false;
   }
+  // A digest of this optimizer's type — its space and every policy — so that ranks built from
+  // different policies (another Selector picks other columns, and the swaps' gathers would meet
+  // with other counts; another updater or accumulator drifts apart) refuse initialize()
+  // together. The type's name as the C++ runtime gives it (the same for GCC and Clang); 0, not
+  // compared, in a build without RTTI.
+  static std::uint64_t type_digest() noexcept {
+#if defined(__cpp_rtti) || defined(__GXX_RTTI)
+    const char* name = typeid(optimizer).name();
+    return ckpt::fnv1a64(reinterpret_cast<const unsigned char*>(name), std::strlen(name));
+#else
+    return 0;
+#endif
+  }
   // initialize()'s comparison of the ranks (see there): each rank's config (as a checkpoint
   // writes it, host_threads zeroed), its tensor counts and a digest of its registrations are
   // gathered onto every rank; where the digests differ, the registrations themselves are
@@ -1648,7 +1662,7 @@ class optimizer {
         tensors.put(p.weight_decay_scale);
       }
       csize = conf.data().size();
-      per = csize + 48;
+      per = csize + 56;
       all.resize(per * R);
       {
         unsigned char* at = all.data() + per * me;
@@ -1656,10 +1670,11 @@ class optimizer {
         // (and how the communicator reduces: its largest round, and whether the matrices'
         // gradients are reduce-scattered — a rank built with another communicator type would cut
         // the reduction differently and meet the others' collectives with other sizes; and
-        // whether the transport uploads ahead: a boundary then gathers other things)
-        const std::uint64_t tail[6] = {matrices_.size(), vectors_.size(),
+        // whether the transport uploads ahead: a boundary then gathers other things; and the
+        // optimizer's type)
+        const std::uint64_t tail[7] = {matrices_.size(), vectors_.size(),
                                        ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round(),
-                                       sharded_reduction ? 1u : 0u, uploads_ahead_set() ? 1u : 0u};
+                                       sharded_reduction ? 1u : 0u, uploads_ahead_set() ? 1u : 0u, type_digest()};
         std::memcpy(at + csize, tail, sizeof tail);
       }
       counts_.assign(R, per);
@@ -1692,7 +1707,7 @@ class optimizer {
       throw config_error("zenflow: initialize(): the ranks' configs differ (" + what +
                          "); every rank needs the same config, host_threads aside");
     }
-    std::uint64_t tail[2][6];
+    std::uint64_t tail[2][7];
     if (odd) {
       std::memcpy(tail[0], rank_bytes(0) + csize, sizeof tail[0]);
       std::memcpy(tail[1], rank_bytes(odd) + csize, sizeof tail[1]);
@@ -1711,6 +1726,10 @@ class optimizer {
         fail("initialize(): the ranks' communicators reduce in rounds of at most " + std::to_string(tail[1][3]) +
              " elements on " + them + ", " + std::to_string(tail[0][3]) +
              " on rank 0 (reduce_round); every rank needs the same communicator type");
+      if (tail[0][6] != tail[1][6])
+        fail("initialize(): the ranks' optimizers are of different types (" + them +
+             "'s space or policies differ from rank 0's: a digest of the type's name); every rank needs the same "
+             "optimizer<...> type");
       if (tail[0][0] != tail[1][0] || tail[0][1] != tail[1][1])
         fail("initialize(): the ranks registered different tensors: " + them + " " + std::to_string(tail[1][0]) +
              " matrices and " + std::to_string(tail[1][1]) + " vectors, rank 0 " + std::to_string(tail[0][0]) +
