@@ -739,6 +739,63 @@ TEST_CASE("checkpoint: an fp32 param that is its own master must be finite in th
   std::remove(bad.c_str());
 }
 
+TEST_CASE("checkpoint: save refuses a state that load would refuse, and the previous file stands") {
+  // A param that is not finite at initialize() (its master is taken from it), or one the trainer
+  // writes later (an fp32 param is its selected columns' master): steps go on — only gradients
+  // are checked — but a checkpoint of that state would be refused by load. save() refuses it
+  // before the rename instead of replacing the last good file with it.
+  const std::string path = temp_path("refused_state.zfckpt");
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::every(2);
+  auto refused = [&](auto& opt, const char* who) {
+    const std::vector<unsigned char> before = file_bytes(path);
+    REQUIRE(!before.empty());
+    const std::string want = std::string("refused: ") + who + " holds a master, moment or accumulator that is not finite";
+    CHECK_THROWS_WITH_AS(opt.save(path), doctest::Contains(want.c_str()), std::runtime_error);
+    CHECK(file_bytes(path) == before);
+    CHECK(opt.usable());  // (a save that refuses changes nothing)
+  };
+  {  // a bf16 matrix with a NaN param at initialize(), beside a good one
+    std::vector<bfloat16> w(8 * 16, to_bfloat16(0.5f)), g(8 * 16, to_bfloat16(0.01f));
+    std::vector<float> w1(8 * 16, 0.5f), g1(8 * 16, 0.01f);
+    optimizer<> good(cfg);
+    good.add_matrix({w1.data(), g1.data(), 8, 16});
+    good.initialize();
+    good.step();
+    good.save(path);  // the last good checkpoint at the path
+    w[37] = to_bfloat16(nan);
+    optimizer<> opt(cfg);
+    opt.add_matrix({w1.data(), g1.data(), 8, 16});
+    opt.add_matrix({w.data(), g.data(), 8, 16, dtype::bf16, dtype::bf16});
+    opt.initialize();
+    opt.step();
+    refused(opt, "matrix 1");
+  }
+  {  // an fp32 vector holding an infinity
+    std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f), b(5, 0.0f), gb(5, 0.01f);
+    b[4] = inf;
+    optimizer<> opt(cfg);
+    opt.add_matrix({w.data(), g.data(), 8, 16});
+    opt.add_vector({b.data(), gb.data(), 5});
+    opt.initialize();
+    opt.step();
+    refused(opt, "vector 0");
+  }
+  {  // an fp32 matrix param the trainer wrote a NaN into after a few steps, in a selected column
+    std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f);
+    optimizer<> opt(cfg);
+    opt.add_matrix({w.data(), g.data(), 8, 16});
+    opt.initialize();
+    for (int s = 0; s < 3; ++s) opt.step();
+    const std::uint32_t c = opt.selected_columns(matrix_id{0}).at(0);
+    w[std::size_t(c) * 8 + 3] = nan;
+    refused(opt, "matrix 0");
+  }
+  std::remove(path.c_str());
+}
+
 #if defined(__unix__)
 TEST_CASE("checkpoint: a save removes the temporary files that killed saves of its path left, and nothing else") {
   namespace fs = std::filesystem;

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -600,3 +601,35 @@ TEST_CASE("data parallel, ranks as threads: a set whose shards exceed the open-f
     if (e.path().filename().string().rfind("fd_set.ckpt", 0) == 0) std::filesystem::remove(e.path());
 }
 #endif
+
+TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finite master refuses the save on every rank") {
+  // A param that is not finite at initialize() (replicated: on every rank) in a column of rank
+  // 1's block: the masters taken from it are in rank 1's shard, which a load would refuse. Rank 1
+  // refuses to write it, and every rank's save throws; nothing is left at the path.
+  const config cfg = test_config(true);
+  const gradient_source src;
+  const std::string dir = std::string(ZF_TEST_TMP_DIR) + "/nonfinite_set";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/set.ckpt";
+  std::vector<std::string> errors(2);
+  zf_test::thread_hub hub(2);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    m.w0[R0 * (C0 - 1) + 2] = std::numeric_limits<float>::quiet_NaN();  // column C0 - 1: rank 1's block
+    thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    src.fill_all(m, 0, r, 0, cfg.gradient_reduction);
+    opt.step();
+    try {
+      opt.save(path);
+    } catch (const std::exception& e) {
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  CHECK(errors[1].find("refused: matrix 0 holds a master, moment or accumulator that is not finite") != std::string::npos);
+  CHECK(errors[0].find("could not be written; the previous checkpoint stands") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}

@@ -362,22 +362,54 @@ struct optimizer_checkpoint {
     ckpt::file_writer f(path, sections);
     f.section(ckpt::shard_tag, head);
     std::uint64_t size = 24 + 20 + head.data().size();
+    value_check check;
     for (std::size_t i = 0; i < o.matrices_.size(); ++i) {
       const auto& h = o.host_.matrix(i);
       if (!h.on_host) continue;
       f.begin(ckpt::block_tag, host_bytes(o, i, h.cols));
-      write_host_arrays(o, f, h);
+      write_host_arrays(o, f, h, check, i);
       f.end();
       size += 20 + host_bytes(o, i, h.cols);
     }
+    check.refuse_if_bad(path);
     const bool durable = f.commit();
     return {size, f.digest(), durable};
   }
+
+  // What load refuses as a state no run reaches, refused by save before the rename instead (save
+  // would otherwise replace a good checkpoint with one that cannot be loaded): fp32 masters,
+  // moments, accumulators that are not finite, second moments below 0. They come from a param
+  // that was not finite at initialize() (its master is taken from it) or that the trainer wrote
+  // since (an fp32 param is its selected columns' master). The first offender is named.
+  struct value_check {
+    std::string bad;  // "matrix 3", empty while every value checked was fine
+    void operator()(const void* p, std::size_t count, bool second_moment, const char* kind, std::size_t index) {
+      if (!bad.empty()) return;
+      const auto* x = static_cast<const float*>(p);
+      bool ok = true;
+      for (std::size_t k = 0; k < count; ++k) ok = ok && std::isfinite(x[k]) && (!second_moment || x[k] >= 0.0f);
+      if (!ok) bad = std::string(kind) + " " + std::to_string(index);
+    }
+    void refuse_if_bad(const std::string& path) const {
+      if (bad.empty()) return;
+      throw std::runtime_error("zenflow: save(" + path + ") refused: " + bad +
+                               " holds a master, moment or accumulator that is not finite (a param that was not "
+                               "finite at initialize(), or written since?); a load would refuse the file, so nothing "
+                               "was written and the previous checkpoint stands");
+    }
+  };
+
   template <class File, class State>
-  static void write_host_arrays(const Opt& o, File& f, const State& h) {
+  static void write_host_arrays(const Opt& o, File& f, const State& h, value_check& check, std::size_t matrix) {
     const std::size_t n = h.rows * h.cols;
-    for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) f.bytes(a, 4 * n);
-    if (o.cfg_.overlap_step) f.bytes(h.acc[1].data(), 4 * n);
+    for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) {
+      check(a, n, a == h.exp_avg_sq.data(), "matrix", matrix);
+      f.bytes(a, 4 * n);
+    }
+    if (o.cfg_.overlap_step) {
+      check(h.acc[1].data(), n, false, "matrix", matrix);
+      f.bytes(h.acc[1].data(), 4 * n);
+    }
     f.bytes(h.counts.data(), 4 * h.cols);
   }
 
@@ -430,12 +462,15 @@ struct optimizer_checkpoint {
       f.section(ckpt::shards_tag, sh);
     }
     std::vector<unsigned char> buf;
-    auto from_device = [&](const void* src, std::size_t bytes) {
+    value_check check;
+    // (kind: 0 nothing checked, 1 finite fp32s, 2 finite fp32s >= 0; of tensor `what` `index`)
+    auto from_device = [&](const void* src, std::size_t bytes, int kind = 0, const char* what = "", std::size_t index = 0) {
       const auto* at = static_cast<const unsigned char*>(src);
-      buf.resize(std::min(bytes, ckpt::stream_chunk));
+      buf.resize(std::min(bytes, ckpt::stream_chunk));  // (a multiple of 4)
       for (std::size_t off = 0; off < bytes; off += buf.size()) {
         const std::size_t m = std::min(buf.size(), bytes - off);
         o.space_.download(buf.data(), at + off, m);
+        if (kind) check(buf.data(), m / 4, kind == 2, what, index);
         f.bytes(buf.data(), m);
       }
     };
@@ -457,28 +492,31 @@ struct optimizer_checkpoint {
           const std::size_t m = std::min(chunk, d.active - c0);
           o.space_.compact_columns(p.param, dtype::f32, p.layout, p.rows, p.cols, d.columns[d.cur].data() + c0, m,
                                    gather.data());
-          from_device(gather.data(), 4 * m * p.rows);
+          from_device(gather.data(), 4 * m * p.rows, 1, "matrix", i);
         }
       } else {
-        from_device(d.master[d.cur].data(), 4 * ks);
+        from_device(d.master[d.cur].data(), 4 * ks, 1, "matrix", i);
       }
-      for (const float* a : {d.exp_avg[d.cur].data(), d.exp_avg_sq[d.cur].data()}) from_device(a, 4 * ks);
+      from_device(d.exp_avg[d.cur].data(), 4 * ks, 1, "matrix", i);
+      from_device(d.exp_avg_sq[d.cur].data(), 4 * ks, 2, "matrix", i);
       from_device(d.counts[d.cur].data(), 4 * d.active);
-      if (h.on_host && !set) write_host_arrays(o, f, h);
-      from_device(p.param, pb);
+      if (h.on_host && !set) write_host_arrays(o, f, h, check, i);
+      // (an fp32 param that is its own master: load checks it whole, its host columns too)
+      from_device(p.param, pb, d.param_master ? 1 : 0, "matrix", i);
       f.end();
     }
     for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
       const vector_param& p = o.vectors_[i];
       const auto& v = o.updater_.vector(i);
       f.begin(ckpt::vector_tag, vector_bytes(p));
-      for (const void* a : {v.param_master ? p.param : v.master.data(), static_cast<const void*>(v.exp_avg.data()),
-                            static_cast<const void*>(v.exp_avg_sq.data())})
-        from_device(a, 4 * p.n);
+      from_device(v.param_master ? p.param : v.master.data(), 4 * p.n, 1, "vector", i);
+      from_device(v.exp_avg.data(), 4 * p.n, 1, "vector", i);
+      from_device(v.exp_avg_sq.data(), 4 * p.n, 2, "vector", i);
       f.put<std::uint32_t>(v.count);
-      from_device(p.param, p.n * size_of(p.param_type));
+      from_device(p.param, p.n * size_of(p.param_type), v.param_master ? 1 : 0, "vector", i);
       f.end();
     }
+    check.refuse_if_bad(path);
     return f.commit();
   }
 
