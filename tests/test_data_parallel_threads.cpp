@@ -633,3 +633,57 @@ TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finit
   CHECK(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("data parallel, ranks as threads: a set saved by 2 ranks resumes on 3 and on 5 ranks, bit-exact") {
+  // More ranks than saved the set: each new rank's block of columns starts and ends inside the
+  // old blocks (40 and 24 columns: 2 blocks of 20 and 12, read as 3 of 13-14 and 8, or 5 of 8
+  // and 4-5). Reference: one process fed 2 ranks' reduced gradient, then R' ranks'.
+  const int k = 6, n = 11;
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/threads_grow.ckpt";
+  const config cfg = test_config(true, reduce_op::mean);
+  const gradient_source src;
+  {
+    zf_test::thread_hub hub(2);
+    zf_test::on_ranks(hub, [&](int r) {
+      model m;
+      thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+      m.add_to(opt);
+      opt.initialize();
+      for (int s = 0; s < k; ++s) {
+        src.fill_all(m, s, r, 0, reduce_op::mean);
+        opt.step();
+      }
+      opt.save(path);
+    });
+  }
+  for (const int R : {3, 5}) {
+    CAPTURE(R);
+    model rm;
+    optimizer<> ref(cfg);
+    rm.add_to(ref);
+    ref.initialize();
+    feed_reduced(ref, rm, src, 2, reduce_op::mean, 0, k);
+    feed_reduced(ref, rm, src, R, reduce_op::mean, k, n);
+    const auto want = state_of(ref, rm);
+    std::vector<std::vector<unsigned char>> resumed(static_cast<std::size_t>(R));
+    zf_test::thread_hub hub(R);
+    zf_test::on_ranks(hub, [&](int r) {
+      model m;
+      thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+      m.add_to(opt);
+      opt.initialize();
+      opt.load(path);
+      for (int s = k; s < n; ++s) {
+        src.fill_all(m, s, r, 0, reduce_op::mean);
+        opt.step();
+      }
+      resumed[std::size_t(r)] = state_of(opt, m);
+    });
+    for (int r = 0; r < R; ++r) {
+      CAPTURE(r);
+      CHECK(resumed[std::size_t(r)] == want);
+    }
+  }
+  for (const auto& e : std::filesystem::directory_iterator(ZF_TEST_TMP_DIR))
+    if (e.path().filename().string().rfind("threads_grow.ckpt", 0) == 0) std::filesystem::remove(e.path());
+}

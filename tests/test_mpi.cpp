@@ -1720,6 +1720,40 @@ struct tight_mpi : mpi_communicator {
   tight_mpi(MPI_Comm c, std::size_t round, std::size_t int_max) : mpi_communicator(c, limits{round, int_max}) {}
 };
 
+TEST_CASE("data parallel: the optimizer over a communicator with small limits equals one process, bit for bit") {
+  // The collectives' small-limit paths (reduction rounds of 3 elements, reduce_scatter's packed
+  // copy, all_gather's broadcast pieces past an "int" of 8 bytes) under the whole optimizer: the
+  // step's vote, the reduce-scatter, the statistics and selected columns' gathers, the published
+  // params, the column state copies. Both reductions, with and without overlap.
+  for (reduce_op op : {reduce_op::mean, reduce_op::sum}) {
+    for (bool overlap : {false, true}) {
+      CAPTURE(int(op));
+      CAPTURE(overlap);
+      const gradient_source src;
+      const int steps = 9;
+      config cfg = variant(op, overlap);
+      cfg.gradient_reduction = op;
+      model m;
+      optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, tight_mpi>
+          opt(cfg, tight_mpi(MPI_COMM_WORLD, 3, 8));
+      m.add_to(opt);
+      opt.initialize();
+      std::vector<bool> skipped;
+      for (int s = 0; s < steps; ++s) {
+        src.local_grads(m, s);
+        skipped.push_back(opt.step(scale_for(op)).skipped);
+      }
+      const auto synced = synced_params(opt);
+      const auto state = state_of(opt, m);
+      const auto ref = reference_run(src, op, overlap, steps);
+      CHECK(state == ref.state);
+      CHECK(synced == ref.synced);
+      CHECK(skipped == ref.skipped);
+      CHECK(same_everywhere(fnv(state)));
+    }
+  }
+}
+
 TEST_CASE("data parallel: mpi_communicator's collectives against their definitions, with small limits too") {
   // Values with different exponents, so that another order of the additions would round
   // differently; the rank-order fp32 sum (and the division for the mean) computed here element
