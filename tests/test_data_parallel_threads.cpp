@@ -628,7 +628,8 @@ TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finit
       errors[std::size_t(r)] = e.what();
     }
   });
-  CHECK(errors[1].find("refused: matrix 0 holds a master, moment or accumulator that is not finite") != std::string::npos);
+  CHECK(errors[1].find("save(" + path + ") refused: matrix 0 holds a master, moment or accumulator that is not finite") !=
+        std::string::npos);
   CHECK(errors[0].find("could not be written; the previous checkpoint stands") != std::string::npos);
   CHECK(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);

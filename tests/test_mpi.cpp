@@ -315,7 +315,7 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       // reduce-scattered by column blocks (the others' blocks, 4 bytes an element), the vector
       // all-reduced (the others' pieces of it, then its own shard to each of the others) and its
       // blocks' column statistics to each of the others (17 bytes a column), and before all that
-      // its grad_scale and whether it can step (8 bytes to each of the others). Every applied step:
+      // its grad_scale, lr and whether it can step (12 bytes to each of the others). Every applied step:
       // its blocks' selected columns' reduced gradients to each of the others (grad dtype, each
       // matrix's piece padded to 16 bytes).
       const std::uint64_t R = std::uint64_t(ranks());
@@ -1364,7 +1364,7 @@ TEST_CASE_TEMPLATE("data parallel: any allocation of a step failing on one rank 
 TEST_CASE_TEMPLATE("data parallel: each allocation of a save, then of a load, failing in turn on one rank throws on every "
                    "rank or on none, never hangs",
                    Opt, dp_optimizer, staged_optimizer) {
-  // save(): rank 0's listing of the directory, the path made absolute, the gathers' tables, the
+  // save(): each rank's listing of the directory, the path made absolute, the gathers' tables, the
   // shard's buffers, rank 0's manifest. A failure on one rank between two collectives would leave
   // the others waiting in the next (this job would hang until ctest's timeout). Each allocation
   // (operator new) of the calling thread is failed in turn, on rank 0 and on the last rank:

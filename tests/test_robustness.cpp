@@ -629,8 +629,16 @@ TEST_CASE("copy_* refuse a null or misaligned out, or one over a registered para
   CHECK(masters() == before);
   CHECK(opt.usable());
   CHECK(opt.stats().steps == steps);
-  // and one just past the registered buffers is taken
-  CHECK_NOTHROW(opt.copy_master(matrix_id{0}, room.data()));
+  CHECK_NOTHROW(opt.copy_master(matrix_id{0}, room.data()));  // (a buffer of the caller's own)
+  // the edges: a param registered as the front of a larger buffer; an out starting right after
+  // it is the caller's, one starting on its last element overlaps it
+  std::vector<float> big(2 * R * C, 0.25f), dbig(R * C);
+  optimizer<> front(small_config(false));
+  front.add_matrix({big.data(), dbig.data(), R, C});
+  front.initialize();
+  CHECK_NOTHROW(front.copy_master(matrix_id{0}, big.data() + R * C));
+  CHECK_THROWS_WITH_AS(front.copy_master(matrix_id{0}, big.data() + R * C - 1),
+                       doctest::Contains("out overlaps matrix 0 param"), std::invalid_argument);
 }
 
 namespace {

@@ -36,7 +36,8 @@ typedef enum zf_status {
   ZF_OK = 0,
   ZF_INVALID_ARGUMENT = 1, /* a bad argument, config value or registration, or a call out of order */
   ZF_CHECKPOINT_ERROR = 2, /* a checkpoint that is unreadable, corrupt or not this optimizer's */
-  ZF_IO_ERROR = 3,         /* saving failed (disk full, no such directory; nothing changed), or another runtime error */
+  ZF_IO_ERROR = 3,         /* saving failed (disk full, no such directory, a state load would refuse; nothing
+                            * changed), or another runtime error */
   ZF_OUT_OF_MEMORY = 4,     /* memory, or a thread the system could not give */
   /* The optimizer cannot go on: this call failed midway (a step, a background host update it
    * met, a load's commit; the message names the cause, out of memory say), or an earlier one
@@ -107,7 +108,8 @@ zf_status zf_set_lr(zf_optimizer* opt, float lr) ZF_NOEXCEPT;
 zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out, size_t out_size) ZF_NOEXCEPT;
 /* The fp32 master of matrix `id`, column after column ([cols][rows]), into out, which holds
  * out_count floats: that must be the matrix's rows*cols (else ZF_INVALID_ARGUMENT, nothing
- * written; a vector's id or another matrix's is caught so when the sizes differ). */
+ * written; a vector's id or another matrix's is caught so when the sizes differ). out must be
+ * aligned to a float and must not overlap a registered param or grad (else ZF_INVALID_ARGUMENT). */
 zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count) ZF_NOEXCEPT;
 
 zf_status zf_save(zf_optimizer* opt, const char* path) ZF_NOEXCEPT;

@@ -1133,7 +1133,7 @@ class optimizer {
              std::to_string(r) + ", " + detail::exact(votes[0].scale) +
              " on rank 0; every rank must pass the same (the ranks apply one reduced gradient)");
     for (std::size_t r = 1; r < R; ++r)
-      if (std::memcmp(&votes[r].lr, &votes[0].lr, sizeof(float)) != 0)
+      if (votes[r].lr != votes[0].lr)  // (-0 and 0 update alike; NaN is refused by set_lr)
         fail("step() refused on every rank: the learning rate is " + detail::exact(votes[r].lr) + " on rank " +
              std::to_string(r) + ", " + detail::exact(votes[0].lr) +
              " on rank 0; every rank must set the same (set_lr: the ranks keep one replicated state)");
@@ -1726,7 +1726,7 @@ class optimizer {
         fail("initialize(): the ranks' communicators reduce in rounds of at most " + std::to_string(tail[1][3]) +
              " elements on " + them + ", " + std::to_string(tail[0][3]) +
              " on rank 0 (reduce_round); every rank needs the same communicator type");
-      if (tail[0][6] != tail[1][6])
+      if (tail[0][6] != tail[1][6] && tail[0][6] != 0 && tail[1][6] != 0)  // (0: built without RTTI)
         fail("initialize(): the ranks' optimizers are of different types (" + them +
              "'s space or policies differ from rank 0's: a digest of the type's name); every rank needs the same "
              "optimizer<...> type");

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -302,7 +303,7 @@ struct optimizer_checkpoint {
       if (std::filesystem::symlink_status(mine, ec).type() != std::filesystem::file_type::not_found)
         throw std::runtime_error("zenflow: " + mine + " exists already (or cannot be looked up), though its generation " +
                                  std::to_string(generation) + " should be new; nothing was written over it");
-      const auto [size, digest, synced] = write_shard(o, mine, generation);
+      const auto [size, digest, synced] = write_shard(o, mine, generation, path);
       wrote = true;
       durable = synced;
       shards[2 * std::size_t(rank)] = size;
@@ -350,8 +351,9 @@ struct optimizer_checkpoint {
   // This rank's shard: a header section (generation, rank, R, matrix count), then, for each
   // matrix with host state, its block's host arrays. Returns the file's size and digest, and
   // whether its rename is durable.
+  // (named: the checkpoint's path, as the save was called, for a message)
   static std::tuple<std::uint64_t, std::uint64_t, bool> write_shard(Opt& o, const std::string& path,
-                                                                     std::uint64_t generation) {
+                                                                     std::uint64_t generation, const std::string& named) {
     ckpt::writer head;
     head.put(generation);
     head.put<std::uint32_t>(std::uint32_t(o.comm_.rank()));
@@ -371,7 +373,7 @@ struct optimizer_checkpoint {
       f.end();
       size += 20 + host_bytes(o, i, h.cols);
     }
-    check.refuse_if_bad(path);
+    check.refuse_if_bad(named);
     const bool durable = f.commit();
     return {size, f.digest(), durable};
   }
@@ -386,16 +388,19 @@ struct optimizer_checkpoint {
     void operator()(const void* p, std::size_t count, bool second_moment, const char* kind, std::size_t index) {
       if (!bad.empty()) return;
       const auto* x = static_cast<const float*>(p);
-      bool ok = true;
-      for (std::size_t k = 0; k < count; ++k) ok = ok && std::isfinite(x[k]) && (!second_moment || x[k] >= 0.0f);
-      if (!ok) bad = std::string(kind) + " " + std::to_string(index);
+      // (branch-free, so that it vectorises: a save scans all of its state once more)
+      const bool second = second_moment;
+      unsigned wrong = 0;
+      for (std::size_t k = 0; k < count; ++k)
+        wrong |= unsigned(!(std::fabs(x[k]) <= std::numeric_limits<float>::max())) | unsigned(second & (x[k] < 0.0f));
+      if (wrong) bad = std::string(kind) + " " + std::to_string(index);
     }
     void refuse_if_bad(const std::string& path) const {
       if (bad.empty()) return;
       throw std::runtime_error("zenflow: save(" + path + ") refused: " + bad +
                                " holds a master, moment or accumulator that is not finite (a param that was not "
-                               "finite at initialize(), or written since?); a load would refuse the file, so nothing "
-                               "was written and the previous checkpoint stands");
+                               "finite at initialize(), or written since?); a load would refuse the checkpoint, so "
+                               "it was not saved and the previous one stands");
     }
   };
 

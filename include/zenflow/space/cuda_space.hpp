@@ -317,7 +317,7 @@ class cuda_space {
     fence();
   }
   // Complete on return, whatever kind of host memory the source is (used for control data,
-  // checkpoints and, data parallel, the step's 8-byte vote: a wait for the stream's work so far).
+  // checkpoints and, data parallel, the step's 12-byte vote: a wait for the stream's work so far).
   void upload(void* dst, const void* host_src, std::size_t bytes) {
     if (!bytes) return;
     ZF_CUDA_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
