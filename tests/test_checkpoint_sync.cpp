@@ -30,9 +30,7 @@
 
 #include <zenflow/zenflow.hpp>
 
-#include "data_parallel_model.hpp"
-#include "data_parallel_support.hpp"
-#include "host_hub.hpp"
+#include "thread_ranks.hpp"
 
 namespace {
 thread_local bool fail_dir_sync = false, fail_file_sync = false;
@@ -60,10 +58,6 @@ using namespace zenflow;
 using namespace zf_dp_test;
 
 namespace {
-
-template <class Comm>
-using thread_optimizer =
-    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, Comm>;
 
 // An empty directory of this test's own under the build tree.
 std::string fresh_dir(const std::string& name) {
@@ -99,20 +93,7 @@ TEST_CASE("one process: a save whose directory cannot be synced keeps the previo
   const config cfg = test_config(true);
   const gradient_source src;
   const std::string dir = fresh_dir("one"), path = dir + "/ckpt";
-  {  // a set of 2 ranks at path: its manifest and 2 shards
-    zf_test::thread_hub hub(2);
-    zf_test::on_ranks(hub, [&](int r) {
-      model m;
-      thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
-      m.add_to(opt);
-      opt.initialize();
-      for (int s = 0; s < 3; ++s) {
-        src.fill_all(m, s, r, 0, cfg.gradient_reduction);
-        opt.step();
-      }
-      opt.save(path);
-    });
-  }
+  save_set_on_threads(2, cfg, src, 3, path);  // a set of 2 ranks at path: its manifest and 2 shards
   const auto set_files = listing(dir);
   REQUIRE(set_files.size() == 3);
 

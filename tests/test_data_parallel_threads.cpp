@@ -32,15 +32,13 @@
 #include "data_parallel_support.hpp"
 #include "error_slot_space.hpp"
 #include "host_hub.hpp"
+#include "thread_ranks.hpp"
 
 using namespace zenflow;
 using namespace zf_dp_test;
 
 namespace {
 
-template <class Comm>
-using thread_optimizer =
-    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, Comm>;
 static_assert(thread_optimizer<zf_test::hub_communicator>::reduce_scatters &&
               !thread_optimizer<zf_test::hub_allreduce_communicator>::reduce_scatters);
 // Reduction rounds of 16 elements (the model's 812 otherwise fit one): about 50 a step, split
@@ -152,23 +150,8 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 
     const auto want = state_of(ref, rm);
     // rank 0's counters at the save, which every loading rank reports right after the load (the
     // communication ones included: nonzero here, where one process's are always 0)
-    optimizer_stats at_save;
     std::vector<optimizer_stats> after_load(2);
-    {
-      zf_test::thread_hub hub(3);
-      zf_test::on_ranks(hub, [&](int r) {
-        model m;
-        thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
-        m.add_to(opt);
-        opt.initialize();
-        for (int s = 0; s < k; ++s) {
-          src.fill_all(m, s, r, 0, reduce_op::mean);
-          opt.step();
-        }
-        opt.save(path);
-        if (r == 0) at_save = opt.stats();
-      });
-    }
+    const optimizer_stats at_save = save_set_on_threads(3, cfg, src, k, path);
     REQUIRE(at_save.bytes_reduced > 0);
     REQUIRE(at_save.bytes_gathered > 0);
     REQUIRE(at_save.reduce_seconds > 0);
@@ -643,20 +626,7 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 2 ranks resumes on 3 
   const std::string path = std::string(ZF_TEST_TMP_DIR) + "/threads_grow.ckpt";
   const config cfg = test_config(true, reduce_op::mean);
   const gradient_source src;
-  {
-    zf_test::thread_hub hub(2);
-    zf_test::on_ranks(hub, [&](int r) {
-      model m;
-      thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
-      m.add_to(opt);
-      opt.initialize();
-      for (int s = 0; s < k; ++s) {
-        src.fill_all(m, s, r, 0, reduce_op::mean);
-        opt.step();
-      }
-      opt.save(path);
-    });
-  }
+  save_set_on_threads(2, cfg, src, k, path);
   for (const int R : {3, 5}) {
     CAPTURE(R);
     model rm;
