@@ -1,19 +1,34 @@
 // Helper process of test_checkpoint_kill: trains a small model and saves a checkpoint after
-// every step, forever (until killed). Prints "ready" after the first complete save.
+// every step, forever (until killed). Prints "ready" after the first complete save. With a third
+// argument, "announce", it saves three times after each later step and prints "s" after the
+// first: the next two have nothing to wait for (the first waited for the host update in flight),
+// so a kill sent on reading the "s" lands while one of them writes its file (but for the few
+// system calls before the first opens it).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <oneapi/tbb/global_control.h>
 
 #include <zenflow/zenflow.hpp>
 
 #include "checkpoint_models.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: checkpoint_writer PATH STEPS\n");
+  if (argc != 3 && !(argc == 4 && std::string(argv[3]) == "announce")) {
+    std::fprintf(stderr, "usage: checkpoint_writer PATH STEPS [announce]\n");
     return 2;
   }
+  const bool announce = argc == 4;
+  // As the tests' own main: ZENFLOW_TEST_TBB_THREADS=1 (the ThreadSanitizer run) keeps oneTBB on
+  // the calling thread, whose uninstrumented hand-offs TSan would report as races, one report
+  // after another, slowing this writer so much that the kills met its reports, not its saves.
+  std::optional<tbb::global_control> limit;
+  if (const char* env = std::getenv("ZENFLOW_TEST_TBB_THREADS"))
+    limit.emplace(tbb::global_control::max_allowed_parallelism, std::size_t(std::max(1, std::atoi(env))));
   zf_ckpt_models::big m;
   zenflow::optimizer<> opt(zf_ckpt_models::big::config());
   m.register_with(opt);
@@ -26,6 +41,11 @@ int main(int argc, char** argv) {
     if (s == 0) {
       std::puts("ready");
       std::fflush(stdout);
+    } else if (announce) {
+      std::fputs("s", stdout);
+      std::fflush(stdout);
+      opt.save(argv[1]);
+      opt.save(argv[1]);
     }
   }
   return 0;

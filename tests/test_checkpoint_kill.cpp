@@ -48,12 +48,15 @@ TEST_CASE("checkpoint: SIGKILL during a save leaves the previous checkpoint load
   int torn = 0;  // rounds where the kill left a partial temporary file behind
   // (4 rounds in the sanitizer runs, where the writer and each load of the big model are 10-100x
   // slower: 12 took more than two minutes under ThreadSanitizer)
-  // About 3 kills in 4 land inside a save here. The test's point needs at least one, so it goes
-  // on past `rounds` until one has (at most three times as many rounds: all missing is then
-  // about 4^-12 likely).
+  // Even rounds kill after a random few milliseconds, wherever the writer is (about 3 kills in 4
+  // land inside a save on the build box). Odd rounds have the writer announce two saves that have
+  // nothing to wait for, wait for their temporary file to appear and kill it: it is then writing
+  // its file. The test's point needs at least one torn save, so it goes on past `rounds` until
+  // one has (at most three times as many).
   const int rounds = zf_test::full_or_quick(12, 4);
   int round = 0;
   for (; round < rounds || (torn == 0 && round < 3 * rounds); ++round) {
+    const bool announced = round % 2 == 1;
     CAPTURE(round);
     std::remove(path.c_str());
     int out[2];
@@ -63,18 +66,25 @@ TEST_CASE("checkpoint: SIGKILL during a save leaves the previous checkpoint load
     posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&fa, out[0]);
     const std::string steps = "100000";
+    char announce[] = "announce";
     char* argv[] = {const_cast<char*>(ZF_CHECKPOINT_WRITER), const_cast<char*>(path.c_str()),
-                    const_cast<char*>(steps.c_str()), nullptr};
+                    const_cast<char*>(steps.c_str()), announced ? announce : nullptr, nullptr};
     pid_t pid = 0;
     REQUIRE(posix_spawn(&pid, ZF_CHECKPOINT_WRITER, &fa, nullptr, argv, environ) == 0);
     posix_spawn_file_actions_destroy(&fa);
     close(out[1]);
     char buf[8] = {};
     REQUIRE(read(out[0], buf, 6) == 6);  // "ready\n": one complete checkpoint exists
-    close(out[0]);
-    // let it run through a few more step+save cycles, then kill it wherever it is
-    std::this_thread::sleep_for(std::chrono::milliseconds(2 + 3 * round));
+    if (announced) {  // a few step+save cycles, then the kill once the next saves' file is open
+      for (int k = 0; k <= round % 3; ++k) REQUIRE(read(out[0], buf, 1) == 1);
+      // (the code before the open takes a while in a sanitizer's -O0 build: a kill sent at once
+      // met it there; up to a second's wait, 50 us at a time)
+      for (int i = 0; i < 20000 && temporaries(path) == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {  // a few more step+save cycles, then the kill wherever the writer is
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 + 3 * round));
+    }
     REQUIRE(kill(pid, SIGKILL) == 0);
+    close(out[0]);
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);
     REQUIRE(WIFSIGNALED(status));  // it was still running: killed, not finished
