@@ -383,16 +383,19 @@ struct optimizer_checkpoint {
   // moments, accumulators that are not finite, second moments below 0. They come from a param
   // that was not finite at initialize() (its master is taken from it) or that the trainer wrote
   // since (an fp32 param is its selected columns' master). The first offender is named.
+  // The one test of a stored fp32 value, load's (floats_ok) and save's (value_check) alike, so
+  // that save refuses exactly what load would: finite, and (a second moment) not negative.
+  static bool value_ok(float x, bool second_moment) noexcept {
+    return std::fabs(x) <= std::numeric_limits<float>::max() && !(second_moment && x < 0.0f);
+  }
   struct value_check {
     std::string bad;  // "matrix 3", empty while every value checked was fine
     void operator()(const void* p, std::size_t count, bool second_moment, const char* kind, std::size_t index) {
       if (!bad.empty()) return;
       const auto* x = static_cast<const float*>(p);
-      // (branch-free, so that it vectorises: a save scans all of its state once more)
-      const bool second = second_moment;
+      // (no early exit, so that it vectorises: a save scans all of its state once more)
       unsigned wrong = 0;
-      for (std::size_t k = 0; k < count; ++k)
-        wrong |= unsigned(!(std::fabs(x[k]) <= std::numeric_limits<float>::max())) | unsigned(second & (x[k] < 0.0f));
+      for (std::size_t k = 0; k < count; ++k) wrong |= unsigned(!value_ok(x[k], second_moment));
       if (wrong) bad = std::string(kind) + " " + std::to_string(index);
     }
     void refuse_if_bad(const std::string& path) const {
@@ -839,7 +842,7 @@ struct optimizer_checkpoint {
     auto check = [&](const unsigned char* p) {
       float x;
       std::memcpy(&x, p, 4);
-      ok = ok && std::isfinite(x) && (at < v0 || x >= 0.0f);
+      ok = ok && value_ok(x, at >= v0);
       ++at;
     };
     r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
