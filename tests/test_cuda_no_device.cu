@@ -43,6 +43,7 @@ static_assert(requires(cuda_space& s, const cuda_space& cs) {
   s.forget_queued_work();
   { cs.error_pending() } -> std::convertible_to<bool>;
   cs.check_no_pending_error("call");
+  cs.check_registered_memory(static_cast<const void*>(nullptr), std::size_t{}, std::string{});
 });
 static_assert(requires(fused_adamw<cuda_space>& u, cuda_space& s, const std::pair<std::size_t, std::size_t>* r) {
   u.prepare_parts(s, r);
@@ -188,6 +189,57 @@ TEST_CASE("debug sync check: switched by ZENFLOW_CUDA_SYNC_CHECK or set_cuda_syn
   }
   set_cuda_sync_check(before);
   CHECK(cuda_detail::sync_check_enabled() == before);
+}
+
+// The judgement behind cuda_space::check_registered_memory (which gathers the facts from the
+// runtime and the driver, and runs at initialize() on a GPU: tests/test_cuda_space.cu), case by
+// case against what the README promises: which kinds of memory a GPU's kernels can use, and the
+// length check against the allocation's extent, exact at its end.
+TEST_CASE("registered memory: device memory of the GPU, managed and mapped memory pass; the rest is refused") {
+  using cuda_detail::memory_facts;
+  using cuda_detail::memory_refusal;
+  alignas(16) static char arena[4096];
+  const void* p = arena + 1024;  // 3072 bytes to the allocation's end below
+  auto facts = [&](cudaMemoryType type, int device) {
+    memory_facts f;
+    f.type = type;
+    f.device = device;
+    f.range_known = true;
+    f.range_begin = reinterpret_cast<std::uintptr_t>(arena);
+    f.range_end = f.range_begin + sizeof arena;
+    return f;
+  };
+  // device memory: this GPU's, as long as the shape, or longer
+  CHECK(memory_refusal(facts(cudaMemoryTypeDevice, 2), p, 3072, 2).empty());
+  CHECK(memory_refusal(facts(cudaMemoryTypeDevice, 2), p, 8, 2).empty());
+  CHECK(memory_refusal(facts(cudaMemoryTypeDevice, 2), p, 3073, 2) ==
+        "needs 3073 bytes by its shape, and its allocation ends 3072 bytes after its start");
+  CHECK(memory_refusal(facts(cudaMemoryTypeDevice, 1), p, 8, 2) ==
+        "is device memory of GPU 1, and this optimizer runs on GPU 2");
+  // no extent from the driver (or one the pointer is not in): the length goes unchecked
+  memory_facts unknown = facts(cudaMemoryTypeDevice, 0);
+  unknown.range_known = false;
+  CHECK(memory_refusal(unknown, p, 1 << 20, 0).empty());
+  memory_facts other = facts(cudaMemoryTypeDevice, 0);
+  other.range_begin += 2048;
+  CHECK(memory_refusal(other, p, 1 << 20, 0).empty());
+  // managed memory: on any device, its length checked
+  CHECK(memory_refusal(facts(cudaMemoryTypeManaged, -1), p, 3072, 0).empty());
+  CHECK(memory_refusal(facts(cudaMemoryTypeManaged, -1), p, 4096, 0) ==
+        "needs 4096 bytes by its shape, and its allocation ends 3072 bytes after its start");
+  // page-locked host memory: where the GPU reaches it at its host address
+  memory_facts locked = facts(cudaMemoryTypeHost, 0);
+  CHECK(memory_refusal(locked, p, 8, 0) == "is page-locked host memory that GPU 0 does not reach at its host address");
+  locked.same_address = true;
+  CHECK(memory_refusal(locked, p, 8, 0).empty());
+  CHECK_FALSE(memory_refusal(locked, p, 3080, 0).empty());
+  // plain host memory: only where the GPU reaches pageable memory (and then no extent is known)
+  memory_facts plain;
+  CHECK(memory_refusal(plain, p, 8, 3) ==
+        "is host memory, which GPU 3 cannot reach: the params and grads must be device memory (cudaMalloc, or "
+        "managed memory)");
+  plain.pageable_access = true;
+  CHECK(memory_refusal(plain, p, 1 << 20, 3).empty());
 }
 
 int main(int argc, char** argv) {

@@ -856,3 +856,93 @@ TEST_CASE("cuda: checkpoints move between spaces" * doctest::skip(!has_gpu())) {
     }
   }
 }
+
+// Buffers that kernels on the optimizer's GPU cannot use are refused at initialize(), naming the
+// buffer, with nothing built and no CUDA error left behind (a fault at the first kernel would end
+// the CUDA context and the training state on it): plain host memory (unless this GPU reaches
+// pageable memory), an allocation shorter than the shape, a tensor carved out of an allocation
+// that runs past its end. Those it can use — managed memory, page-locked host memory, a tensor
+// carved out of a larger allocation — are accepted and train to the bits device memory gives.
+// The shapes are whole multiples of 2 MiB, and every short case is short by 2 MiB or more, so
+// that an allocation the driver rounds up to its granule still ends before the shape does.
+TEST_CASE("cuda: initialize() refuses memory the GPU cannot use and accepts what it can" * doctest::skip(!has_gpu())) {
+  const std::size_t rows = 1024, cols = 1024, n = rows * cols;  // 4 MiB of fp32
+  config cfg;
+  cfg.topk_ratio = 0.1;
+  cfg.update_interval = interval::every(2);
+  auto refused = [&](matrix_param p, const std::string& what) {
+    CAPTURE(what);
+    optimizer<cuda_space> opt(cfg);
+    opt.add_matrix(p);
+    try {
+      opt.initialize();
+      FAIL("initialize() accepted the buffer");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(what) != std::string::npos);
+      MESSAGE(e.what());
+    }
+    CHECK_FALSE(opt.initialized());
+    CHECK(opt.stats().device_bytes == 0);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  };
+  int dev = 0, pageable = 0;
+  ZF_CUDA_TRY(cudaGetDevice(&dev));
+  ZF_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, dev));
+  const std::string gpu = "GPU " + std::to_string(dev);
+  device_array<float> w(n), g(n), half(n / 2), big(2 * n);
+  std::vector<float> host(n, 0.5f);
+  if (pageable) MESSAGE("this GPU reaches pageable host memory: a plain host pointer is usable, and accepted");
+  else refused({host.data(), g.data(), rows, cols}, "matrix 0 param is host memory, which " + gpu + " cannot reach");
+  refused({w.data(), half.data(), rows, cols},
+          "matrix 0 grad needs " + std::to_string(4 * n) + " bytes by its shape, and its allocation ends " +
+              std::to_string(2 * n) + " bytes after its start");
+  // carved out of one allocation: the second half fits exactly, half a shape further does not
+  refused({big.data() + n + n / 2, g.data(), rows, cols}, "its allocation ends " + std::to_string(2 * n) + " bytes");
+  int count = 0;
+  ZF_CUDA_TRY(cudaGetDeviceCount(&count));
+  if (count > 1) {
+    const int other = dev == 0 ? 1 : 0;
+    ZF_CUDA_TRY(cudaSetDevice(other));
+    device_array<float> elsewhere(n);
+    ZF_CUDA_TRY(cudaSetDevice(dev));
+    refused({w.data(), elsewhere.data(), rows, cols},
+            "matrix 0 grad is device memory of GPU " + std::to_string(other) + ", and this optimizer runs on " + gpu);
+  } else {
+    MESSAGE("one GPU: device memory of another GPU is not tried here");
+  }
+
+  // accepted: the same training in device memory, in managed + page-locked memory, and in the
+  // second half of one allocation, bit for bit
+  zf_test::rng r(5);
+  std::vector<float> w0(n), grads(4 * n);
+  for (auto& x : w0) x = float(r.uniform(-1, 1));
+  for (auto& x : grads) x = float(r.uniform(-1, 1));
+  float* managed = nullptr;
+  ZF_CUDA_TRY(cudaMallocManaged(&managed, 4 * n));
+  struct free_managed {
+    float* p;
+    ~free_managed() { cudaFree(p); }
+  } managed_guard{managed};
+  pinned_array<float> pinned(n);
+  auto train = [&](float* wp, float* gp) {
+    ZF_CUDA_TRY(cudaMemcpy(wp, w0.data(), 4 * n, cudaMemcpyDefault));
+    optimizer<cuda_space> opt(cfg);
+    opt.add_matrix({wp, gp, rows, cols});
+    opt.initialize();
+    for (int t = 0; t < 4; ++t) {
+      ZF_CUDA_TRY(cudaMemcpy(gp, grads.data() + t * n, 4 * n, cudaMemcpyDefault));
+      CHECK_FALSE(opt.step(1.0f).skipped);
+    }
+    opt.synchronize();
+    ZF_CUDA_TRY(cudaDeviceSynchronize());
+    std::vector<float> out(n);
+    ZF_CUDA_TRY(cudaMemcpy(out.data(), wp, 4 * n, cudaMemcpyDefault));
+    return out;
+  };
+  const std::vector<float> want = train(w.data(), g.data());
+  CHECK(want != w0);
+  const std::vector<float> in_managed = train(managed, pinned.data());
+  CHECK(std::memcmp(in_managed.data(), want.data(), 4 * n) == 0);
+  const std::vector<float> carved = train(big.data() + n, g.data());
+  CHECK(std::memcmp(carved.data(), want.data(), 4 * n) == 0);
+}

@@ -1269,6 +1269,14 @@ class optimizer {
   void build() {
     space_.initialize();
     check_no_pending_error("initialize()");
+    // where each registered buffer lives, and its length where the space can tell (cuda_space:
+    // a host pointer or a short allocation is refused here, not a fault at the first kernel)
+    if constexpr (requires(const Space& s, const void* p, const std::string& who) {
+                    s.check_registered_memory(p, std::size_t{}, who);
+                  })
+      buffers_.for_each([&](const void* p, std::size_t bytes, const std::string& who) {
+        space_.check_registered_memory(p, bytes, who);
+      });
     if constexpr (requires { updater_.reserve(std::size_t{}, std::size_t{}); })
       updater_.reserve(matrices_.size(), vectors_.size());
     if constexpr (requires { host_.reserve(std::size_t{}); }) host_.reserve(matrices_.size());

@@ -121,6 +121,13 @@ class registered_buffers {
       invalid(who + ": out overlaps " + name(hit->second.owner) + ", which the copy would write over");
   }
 
+  // f(start, bytes, name) for each recorded buffer, in address order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [begin, e] : extents_)
+      f(reinterpret_cast<const void*>(begin), std::size_t(e.end - begin), name(e.owner));
+  }
+
   // Host memory of the records: a tree node each (the entry after 32 bytes of colour and links),
   // as the heap block it occupies (rounded up to 16 bytes with an 8-byte header).
   std::size_t bytes() const noexcept { return extents_.size() * ((32 + sizeof(map::value_type) + 8 + 15) / 16 * 16); }

@@ -9,9 +9,11 @@
 #endif
 
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // (the driver API's types only: its one call is looked up at run time)
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -21,6 +23,49 @@
 #include "../params.hpp"
 
 namespace zenflow {
+
+namespace cuda_detail {
+// What the runtime and the driver say of a buffer the trainer registered (gathered by
+// cuda_space::check_registered_memory; judged by memory_refusal, which needs no GPU).
+struct memory_facts {
+  cudaMemoryType type = cudaMemoryTypeUnregistered;
+  int device = -1;               // device memory: the GPU it belongs to
+  bool same_address = false;     // page-locked host memory: the GPU reaches it at its host address
+  bool pageable_access = false;  // the GPU reaches plain (pageable) host memory: HMM or ATS
+  bool range_known = false;      // the allocation's extent below was given by the driver
+  std::uintptr_t range_begin = 0, range_end = 0;
+};
+// Why kernels on GPU `device` cannot use `bytes` at p, the buffer `f` describes: a sentence to
+// follow the buffer's name, or "" when they can. Usable: device memory of that GPU, managed
+// memory, page-locked host memory mapped at its own address, and any host memory where the GPU
+// reaches pageable memory; and where the driver gives the allocation's extent, all `bytes` inside it.
+// (Device memory of another GPU is refused even with peer access on: every step would cross
+// the link between the two.)
+inline std::string memory_refusal(const memory_facts& f, const void* p, std::size_t bytes, int device) {
+  const std::string gpu = "GPU " + std::to_string(device);
+  switch (f.type) {
+    case cudaMemoryTypeDevice:
+      if (f.device != device)
+        return "is device memory of GPU " + std::to_string(f.device) + ", and this optimizer runs on " + gpu;
+      break;
+    case cudaMemoryTypeManaged:
+      break;
+    case cudaMemoryTypeHost:
+      if (!f.same_address) return "is page-locked host memory that " + gpu + " does not reach at its host address";
+      break;
+    default:  // plain host memory, or an address the runtime does not know
+      if (!f.pageable_access)
+        return "is host memory, which " + gpu + " cannot reach: the params and grads must be device memory "
+               "(cudaMalloc, or managed memory)";
+      return "";  // (no allocation of the runtime's to measure)
+  }
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  if (f.range_known && at >= f.range_begin && at < f.range_end && bytes > f.range_end - at)
+    return "needs " + std::to_string(bytes) + " bytes by its shape, and its allocation ends " +
+           std::to_string(f.range_end - at) + " bytes after its start";
+  return "";
+}
+}  // namespace cuda_detail
 
 namespace cuda_kernels {
 
@@ -252,6 +297,42 @@ class cuda_space {
                             "fault, which ends the CUDA context); see the README for NCCL 2.28.3 linked statically");
   }
   int device() const noexcept { return device_; }
+
+  // Whether kernels on this space's GPU can use `bytes` at p, a param or grad the trainer
+  // registered (`who` names it); the optimizer asks at initialize(), once the device is chosen,
+  // before it builds anything. Refused with std::invalid_argument (see
+  // cuda_detail::memory_refusal): a host pointer or a short allocation would be a fault, or a
+  // write past the allocation, at the first kernel — and a fault ends the CUDA context with the
+  // training state on it. The allocation's extent comes from the driver's cuPointerGetAttribute,
+  // looked up through the runtime (no link to the driver library); where the lookup fails the
+  // length goes unchecked. A trainer's sub-allocator (one allocation carved into many tensors)
+  // is checked against the whole allocation.
+  void check_registered_memory(const void* p, std::size_t bytes, const std::string& who) const {
+    cuda_detail::memory_facts f;
+    cudaPointerAttributes a{};
+    ZF_CUDA_TRY(cudaPointerGetAttributes(&a, p));
+    f.type = a.type;
+    f.device = a.device;
+    f.same_address = a.devicePointer == p;
+    if (a.type == cudaMemoryTypeUnregistered) {
+      int pageable = 0;
+      ZF_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_));
+      f.pageable_access = pageable != 0;
+    } else if (const auto get = pointer_attribute_fn()) {
+      CUdeviceptr begin = 0;
+      std::size_t size = 0;
+      const auto d = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+      if (get(&begin, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d) == CUDA_SUCCESS &&
+          get(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, d) == CUDA_SUCCESS && size > 0) {
+        f.range_known = true;
+        f.range_begin = std::uintptr_t(begin);
+        f.range_end = std::uintptr_t(begin) + size;
+      }
+    }
+    const std::string why = cuda_detail::memory_refusal(f, p, bytes, device_);
+    if (!why.empty()) throw std::invalid_argument("zenflow: " + who + " " + why);
+  }
+
   // Makes this space's device current on the calling thread (the optimizer calls it at each
   // public entry point; nothing to do before initialize() has chosen the device).
   void activate() {
@@ -416,6 +497,22 @@ class cuda_space {
     if (size_of(t) == 2) run(cuda_kernels::word<2>{});
     else run(cuda_kernels::word<4>{});
     ZF_CUDA_CHECK_LAUNCH(layout == matrix_layout::column_contiguous ? "columns_contiguous" : "columns_row_major");
+  }
+
+  // The driver's cuPointerGetAttribute, looked up once through the runtime (null where it cannot
+  // be had: the check of a buffer's length is then skipped).
+  static PFN_cuPointerGetAttribute_v4000 pointer_attribute_fn() noexcept {
+    static const PFN_cuPointerGetAttribute_v4000 fn = [] {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();  // (not left for a later launch check to report)
+        f = nullptr;
+      }
+      return reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(f);
+    }();
+    return fn;
   }
 
   int device_ = -1;
