@@ -363,7 +363,8 @@ TEST_CASE("data parallel, ranks as threads: an allocation that fails on one rank
   for (int r = 0; r < R; ++r) {
     CAPTURE(r);
     CAPTURE(refused[std::size_t(r)]);
-    CHECK(refused[std::size_t(r)].find("failed midway") != std::string::npos);  // (every rank: load to go on)
+    // every rank refuses (load to go on), each naming its own failure (not an earlier rank's)
+    CHECK(refused[std::size_t(r)].find("failed midway (" + failed[std::size_t(r)] + ")") != std::string::npos);
     CHECK(got[std::size_t(r)] == want);
   }
 }

@@ -1099,12 +1099,14 @@ class optimizer {
     vote_bytes_.assign(R, sizeof(step_vote));
     all_gather_host(votes.data(), vote_bytes_.data());
     shared_ += std::uint64_t(R - 1) * sizeof(step_vote);
+    // this rank's own failure first, so that it keeps and throws its own reason, not that of
+    // another failed rank numbered before it
+    if (votes[me].cannot == 1 || votes[me].cannot == 2) {
+      if (votes[me].cannot == 2) quiesce();  // throws the job's error (and marks this rank)
+      check_usable();
+    }
     for (std::size_t r = 0; r < R; ++r) {
       if (votes[r].cannot != 1 && votes[r].cannot != 2) continue;
-      if (r == me) {
-        if (votes[r].cannot == 2) quiesce();  // throws the job's error (and marks this rank)
-        check_usable();
-      }
       mark_broken([&] {
         return "rank " + std::to_string(r) + (votes[r].cannot == 1 ? "'s optimizer failed midway" : "'s background job failed");
       });
