@@ -593,6 +593,7 @@ TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window 
 // the checkpoint's own run does.
 TEST_CASE("checkpoint: a file changed between the two passes of a load is refused, and so is further work until a load succeeds") {
   const std::string path = temp_path("changing.zfckpt"), other = temp_path("changing-other.zfckpt");
+  std::remove(other.c_str());  // (one an earlier, failed run may have left)
   const std::size_t R = 6, C = 9, V = 5;
   config cfg;
   cfg.topk_ratio = 0.25;
