@@ -44,6 +44,7 @@ static_assert(requires(cuda_space& s, const cuda_space& cs) {
   { cs.error_pending() } -> std::convertible_to<bool>;
   cs.check_no_pending_error("call");
   cs.check_registered_memory(static_cast<const void*>(nullptr), std::size_t{}, std::string{});
+  cs.check_host_memory(static_cast<const void*>(nullptr), std::string{});
 });
 static_assert(requires(fused_adamw<cuda_space>& u, cuda_space& s, const std::pair<std::size_t, std::size_t>* r) {
   u.prepare_parts(s, r);
@@ -240,6 +241,19 @@ TEST_CASE("registered memory: device memory of the GPU, managed and mapped memor
         "managed memory)");
   plain.pageable_access = true;
   CHECK(memory_refusal(plain, p, 1 << 20, 3).empty());
+}
+
+// The judgement behind cuda_space::check_host_memory (the destination of a copy out of the
+// optimizer; on a GPU: tests/test_cuda_space.cu).
+TEST_CASE("copy destinations: device memory is refused where the host cannot reach it, host memory of any kind passes") {
+  using cuda_detail::host_refusal;
+  CHECK(host_refusal(cudaMemoryTypeDevice, 1, false) ==
+        "is device memory of GPU 1: the copies write host memory (pageable, page-locked or managed)");
+  CHECK(host_refusal(cudaMemoryTypeDevice, 1, true).empty());  // (a hardware-coherent system)
+  for (cudaMemoryType t : {cudaMemoryTypeUnregistered, cudaMemoryTypeHost, cudaMemoryTypeManaged}) {
+    CAPTURE(int(t));
+    CHECK(host_refusal(t, 0, false).empty());
+  }
 }
 
 int main(int argc, char** argv) {

@@ -946,3 +946,43 @@ TEST_CASE("cuda: initialize() refuses memory the GPU cannot use and accepts what
   const std::vector<float> carved = train(big.data() + n, g.data());
   CHECK(std::memcmp(carved.data(), want.data(), 4 * n) == 0);
 }
+
+// The copies out of the optimizer write host memory: device memory as `out` is refused before
+// anything is copied (the copy's host side would fault on it), the optimizer usable and no CUDA
+// error left behind — except on a hardware-coherent system, whose host reaches device memory.
+// Host memory of every kind (pageable, page-locked, managed) receives the same master.
+TEST_CASE("cuda: a copy into device memory is refused, one into host memory of any kind is made" *
+          doctest::skip(!has_gpu())) {
+  small_problem pb(64, 96, 2);
+  const std::size_t n = 64 * 96;
+  optimizer<cuda_space> opt(pb.cfg);
+  opt.add_matrix(pb.param());
+  opt.initialize();
+  for (int t = 0; t < 3; ++t) opt.step(1.0f);
+  int dev = 0, coherent = 0;
+  ZF_CUDA_TRY(cudaGetDevice(&dev));
+  ZF_CUDA_TRY(cudaDeviceGetAttribute(&coherent, cudaDevAttrPageableMemoryAccessUsesHostPageTables, dev));
+  device_array<float> on_device(n);
+  if (!coherent) {
+    const std::string what = "out is device memory of GPU " + std::to_string(dev);
+    CHECK_THROWS_WITH_AS(opt.copy_master(matrix_id{0}, on_device.data()), doctest::Contains(what.c_str()),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(opt.copy_params_synchronized(matrix_id{0}, on_device.data()), doctest::Contains(what.c_str()),
+                         std::invalid_argument);
+    CHECK(opt.usable());
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  } else {
+    MESSAGE("a hardware-coherent system: its host writes device memory, which is accepted");
+  }
+  std::vector<float> want(n);
+  opt.copy_master(matrix_id{0}, want.data());
+  CHECK(want != std::vector<float>(n, 0.5f));  // (three steps moved it)
+  pinned_array<float> pinned(n);
+  opt.copy_master(matrix_id{0}, pinned.data());
+  CHECK(std::memcmp(pinned.data(), want.data(), 4 * n) == 0);
+  float* managed = nullptr;
+  ZF_CUDA_TRY(cudaMallocManaged(&managed, 4 * n));
+  opt.copy_master(matrix_id{0}, managed);
+  CHECK(std::memcmp(managed, want.data(), 4 * n) == 0);
+  ZF_CUDA_TRY(cudaFree(managed));
+}

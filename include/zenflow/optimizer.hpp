@@ -411,8 +411,7 @@ class optimizer {
         [&] {
           check_matrix(i);
           const matrix_param& m = matrices_[i];
-          buffers_.check_out("copy_params_synchronized()", out, m.rows * m.cols * size_of(m.param_type),
-                             size_of(m.param_type));
+          check_out("copy_params_synchronized()", out, m.rows * m.cols * size_of(m.param_type), size_of(m.param_type));
           if (data_parallel && pending_)
             all.resize(unselected_[i].size() * matrices_[i].rows * size_of(matrices_[i].param_type));
         });
@@ -448,8 +447,8 @@ class optimizer {
   void copy_vector_master(vector_id id, float* out) {
     const std::size_t vec = id.index();
     if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
-    buffers_.check_out("copy_vector_master()", out, 4 * vectors_[vec].n, 4);
     enter();
+    check_out("copy_vector_master()", out, 4 * vectors_[vec].n, 4);
     const auto& v = updater_.vector(vec);
     space_.download(out, v.param_master ? v.p.param : v.master.data(), 4 * v.p.n);  // (an fp32 param is its master)
   }
@@ -1237,6 +1236,13 @@ class optimizer {
     return c;
   }
 
+  // The destination of a copy out of the optimizer: not null, aligned, over no registered
+  // buffer (registered_buffers::check_out), and memory the host writes (cuda_space: not device
+  // memory, which the copy's host side would fault on).
+  void check_out(const std::string& who, const void* out, std::size_t bytes, std::size_t align) const {
+    buffers_.check_out(who, out, bytes, align);
+    if constexpr (requires(const Space& s) { s.check_host_memory(out, who); }) space_.check_host_memory(out, who);
+  }
   void check_registration(const std::string& who) const {
     if (initialized_) fail(who + ": cannot register after initialize()");
   }
@@ -2388,7 +2394,7 @@ class optimizer {
     enter();
     enter_collective(call, [&] { quiesce(); }, [&] {
       check_matrix(matrix);
-      buffers_.check_out(call, out, 4 * matrices_[matrix].rows * matrices_[matrix].cols, 4);
+      check_out(call, out, 4 * matrices_[matrix].rows * matrices_[matrix].cols, 4);
     });
     const matrix_param& p = matrices_[matrix];
     const std::size_t rows = p.rows, cols = p.cols;

@@ -65,6 +65,15 @@ inline std::string memory_refusal(const memory_facts& f, const void* p, std::siz
            std::to_string(f.range_end - at) + " bytes after its start";
   return "";
 }
+// Why the host cannot write `out`, the destination of a copy out of the optimizer, of the kind
+// `type` (as the runtime reports it) on a GPU that does (`coherent`: it shares the host's page
+// tables, as a hardware-coherent system does) or does not let the host reach its memory: a
+// sentence to follow "out", or "" when the host can.
+inline std::string host_refusal(cudaMemoryType type, int device, bool coherent) {
+  if (type != cudaMemoryTypeDevice || coherent) return "";
+  return "is device memory of GPU " + std::to_string(device) +
+         ": the copies write host memory (pageable, page-locked or managed)";
+}
 }  // namespace cuda_detail
 
 namespace cuda_kernels {
@@ -331,6 +340,20 @@ class cuda_space {
     }
     const std::string why = cuda_detail::memory_refusal(f, p, bytes, device_);
     if (!why.empty()) throw std::invalid_argument("zenflow: " + who + " " + why);
+  }
+
+  // Whether the host can write `out`, the destination of a copy out of the optimizer (`who`
+  // names the call; asked before the copy, with its other argument checks): device memory is
+  // refused with std::invalid_argument, where the host cannot reach it (cuda_detail::host_refusal)
+  // — the copy's host side would fault on it.
+  void check_host_memory(const void* out, const std::string& who) const {
+    cudaPointerAttributes a{};
+    ZF_CUDA_TRY(cudaPointerGetAttributes(&a, out));
+    int coherent = 0;
+    if (a.type == cudaMemoryTypeDevice)
+      ZF_CUDA_TRY(cudaDeviceGetAttribute(&coherent, cudaDevAttrPageableMemoryAccessUsesHostPageTables, device_));
+    const std::string why = cuda_detail::host_refusal(a.type, a.device, coherent != 0);
+    if (!why.empty()) throw std::invalid_argument("zenflow: " + who + ": out " + why);
   }
 
   // Makes this space's device current on the calling thread (the optimizer calls it at each
