@@ -38,8 +38,10 @@ std::string copied(const std::string& name) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(v3_dir))
     if (e.path().filename().string().rfind(name, 0) == 0) {
-      std::filesystem::copy_file(e.path(), to + "/" + e.path().filename().string(),
-                                 std::filesystem::copy_options::overwrite_existing);
+      // (a copy of a read-only source is read-only: the next run replaces it, not writes into it)
+      const std::string copy = to + "/" + e.path().filename().string();
+      std::filesystem::remove(copy);
+      std::filesystem::copy_file(e.path(), copy);
       ++n;
     }
   REQUIRE(n > 0);

@@ -237,8 +237,8 @@ TEST_CASE("registered memory: device memory of the GPU, managed and mapped memor
   // plain host memory: only where the GPU reaches pageable memory (and then no extent is known)
   memory_facts plain;
   CHECK(memory_refusal(plain, p, 8, 3) ==
-        "is host memory, which GPU 3 cannot reach: the params and grads must be device memory (cudaMalloc, or "
-        "managed memory)");
+        "is host memory, which GPU 3 cannot reach: the params and grads must be memory it can use (device memory "
+        "from cudaMalloc or cudaMallocAsync, managed memory, or page-locked host memory)");
   plain.pageable_access = true;
   CHECK(memory_refusal(plain, p, 1 << 20, 3).empty());
 }

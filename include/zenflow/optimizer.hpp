@@ -1155,16 +1155,18 @@ class optimizer {
   template <class Local, class Check = nothing>
   void enter_collective(const char* call, Local&& local, Check&& check = {}) {
     constexpr bool checks_arguments = !std::is_same_v<std::decay_t<Check>, nothing>;
+    // (an error an earlier call left on the thread first: the argument checks may ask the
+    // runtime, cuda_space's where a copy's destination lives, which would report it as theirs)
     if (!distributed()) {
-      check();
       if constexpr (reports_pending_errors) check_no_pending_error(call);
+      check();
       return local();
     }
     if constexpr (checks_arguments || reports_pending_errors)
       on_every_rank(
           [&] {
-            check();
             if constexpr (reports_pending_errors) check_no_pending_error(call);
+            check();
           },
           [&] {
             return "zenflow: " + std::string(call) + " refused on every rank: another rank " +

@@ -55,8 +55,8 @@ inline std::string memory_refusal(const memory_facts& f, const void* p, std::siz
       break;
     default:  // plain host memory, or an address the runtime does not know
       if (!f.pageable_access)
-        return "is host memory, which " + gpu + " cannot reach: the params and grads must be device memory "
-               "(cudaMalloc, or managed memory)";
+        return "is host memory, which " + gpu + " cannot reach: the params and grads must be memory it can use "
+               "(device memory from cudaMalloc or cudaMallocAsync, managed memory, or page-locked host memory)";
       return "";  // (no allocation of the runtime's to measure)
   }
   const auto at = reinterpret_cast<std::uintptr_t>(p);
@@ -312,10 +312,13 @@ class cuda_space {
   // before it builds anything. Refused with std::invalid_argument (see
   // cuda_detail::memory_refusal): a host pointer or a short allocation would be a fault, or a
   // write past the allocation, at the first kernel — and a fault ends the CUDA context with the
-  // training state on it. The allocation's extent comes from the driver's cuPointerGetAttribute,
-  // looked up through the runtime (no link to the driver library); where the lookup fails the
-  // length goes unchecked. A trainer's sub-allocator (one allocation carved into many tensors)
-  // is checked against the whole allocation.
+  // training state on it. The length of device and managed memory is measured against its
+  // allocation's extent, which the driver's cuPointerGetAttribute gives (looked up through the
+  // runtime: no link to the driver library); a trainer's sub-allocator (one allocation carved
+  // into many tensors) is measured against the whole allocation. Not measured: memory mapped
+  // with cuMemMap (a caching allocator's expandable segments: one range of the driver's may be
+  // one mapped piece of several), page-locked host memory (registered in pieces, perhaps), and
+  // any buffer where the driver's calls cannot be had or do not answer.
   void check_registered_memory(const void* p, std::size_t bytes, const std::string& who) const {
     cuda_detail::memory_facts f;
     cudaPointerAttributes a{};
@@ -327,12 +330,16 @@ class cuda_space {
       int pageable = 0;
       ZF_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_));
       f.pageable_access = pageable != 0;
-    } else if (const auto get = pointer_attribute_fn()) {
+    } else if (const driver_calls& drv = driver();
+               (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) && drv.complete()) {
+      CUmemGenericAllocationHandle h{};
+      const bool mapped_by_vmm = drv.retain(&h, const_cast<void*>(p)) == CUDA_SUCCESS;
+      if (mapped_by_vmm) (void)drv.release(h);
       CUdeviceptr begin = 0;
       std::size_t size = 0;
       const auto d = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
-      if (get(&begin, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d) == CUDA_SUCCESS &&
-          get(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, d) == CUDA_SUCCESS && size > 0) {
+      if (!mapped_by_vmm && drv.pointer_attribute(&begin, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d) == CUDA_SUCCESS &&
+          drv.pointer_attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, d) == CUDA_SUCCESS && size > 0) {
         f.range_known = true;
         f.range_begin = std::uintptr_t(begin);
         f.range_end = std::uintptr_t(begin) + size;
@@ -351,7 +358,7 @@ class cuda_space {
     ZF_CUDA_TRY(cudaPointerGetAttributes(&a, out));
     int coherent = 0;
     if (a.type == cudaMemoryTypeDevice)
-      ZF_CUDA_TRY(cudaDeviceGetAttribute(&coherent, cudaDevAttrPageableMemoryAccessUsesHostPageTables, device_));
+      ZF_CUDA_TRY(cudaDeviceGetAttribute(&coherent, cudaDevAttrPageableMemoryAccessUsesHostPageTables, a.device));
     const std::string why = cuda_detail::host_refusal(a.type, a.device, coherent != 0);
     if (!why.empty()) throw std::invalid_argument("zenflow: " + who + ": out " + why);
   }
@@ -522,20 +529,33 @@ class cuda_space {
     ZF_CUDA_CHECK_LAUNCH(layout == matrix_layout::column_contiguous ? "columns_contiguous" : "columns_row_major");
   }
 
-  // The driver's cuPointerGetAttribute, looked up once through the runtime (null where it cannot
-  // be had: the check of a buffer's length is then skipped).
-  static PFN_cuPointerGetAttribute_v4000 pointer_attribute_fn() noexcept {
-    static const PFN_cuPointerGetAttribute_v4000 fn = [] {
-      void* f = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-          found != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();  // (not left for a later launch check to report)
-        f = nullptr;
-      }
-      return reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(f);
+  // The driver calls check_registered_memory makes, looked up once through the runtime (each
+  // null where it cannot be had; the length check is then skipped).
+  struct driver_calls {
+    PFN_cuPointerGetAttribute_v4000 pointer_attribute = nullptr;
+    PFN_cuMemRetainAllocationHandle_v11000 retain = nullptr;
+    PFN_cuMemRelease_v10020 release = nullptr;
+    bool complete() const noexcept { return pointer_attribute && retain && release; }
+  };
+  static const driver_calls& driver() noexcept {
+    static const driver_calls calls = [] {
+      auto find = [](const char* name) -> void* {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+          (void)cudaGetLastError();  // (not left for a later launch check to report)
+          return nullptr;
+        }
+        return f;
+      };
+      driver_calls c;
+      c.pointer_attribute = reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(find("cuPointerGetAttribute"));
+      c.retain = reinterpret_cast<PFN_cuMemRetainAllocationHandle_v11000>(find("cuMemRetainAllocationHandle"));
+      c.release = reinterpret_cast<PFN_cuMemRelease_v10020>(find("cuMemRelease"));
+      return c;
     }();
-    return fn;
+    return calls;
   }
 
   int device_ = -1;
