@@ -1,7 +1,7 @@
 // The run that the committed checkpoints under tests/data/checkpoint were written from
 // (tests/write_format_files.cpp) and that test_checkpoint_format replays to check them: the
-// data-parallel tests' three tensors and gradients (data_parallel_support.hpp), with parameter
-// groups and starting values of its own. Nothing here goes through libm (std::sin and the like
+// data-parallel tests' three tensors and gradients (data_parallel_model.hpp,
+// data_parallel_support.hpp), with parameter groups and starting values of its own. Nothing here goes through libm (std::sin and the like
 // differ between C libraries and CPUs), so the state these files hold is the state the same
 // steps give on any machine: a file written on one is compared with a run on another.
 #pragma once
@@ -11,6 +11,7 @@
 
 #include <zenflow/zenflow.hpp>
 
+#include "data_parallel_model.hpp"
 #include "data_parallel_support.hpp"
 
 namespace zf_format {
@@ -42,14 +43,9 @@ inline zenflow::config make_config() {
   return c;
 }
 
-struct model {
-  std::vector<float> w0 = std::vector<float>(R0 * C0);
-  std::vector<zenflow::bfloat16> g0 = std::vector<zenflow::bfloat16>(R0 * C0);
-  std::vector<zenflow::bfloat16> w1 = std::vector<zenflow::bfloat16>(R1 * C1);
-  std::vector<float> g1 = std::vector<float>(R1 * C1);
-  std::vector<float> b2 = std::vector<float>(N2);
-  std::vector<zenflow::float16> g2 = std::vector<zenflow::float16>(N2);
-  // starting values: the gradient hash of a rank no run uses, halved (exact)
+// The data-parallel tests' buffers (data_parallel_model.hpp), with starting values of its own:
+// the gradient hash of a rank no run uses, halved (exact; the base's come from libm).
+struct model : zf_dp_test::model {
   model() {
     for (std::size_t i = 0; i < w0.size(); ++i) w0[i] = 0.5f * zf_dp_test::local(97, 0, 0, i);
     for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = zenflow::bfloat16(0.5f * zf_dp_test::local(97, 0, 1, i));
@@ -68,12 +64,8 @@ struct model {
   }
 };
 
-// Params, masters, moments and column counts, as bytes (every rank calls it: collectives).
-template <class Opt>
-std::vector<unsigned char> state_of(Opt& opt, model& m) {
-  opt.synchronize();
-  return zf_dp_test::state_bytes(opt, m.w0, m.w1, m.b2);
-}
+// (params, masters, moments and column counts, as bytes: data_parallel_model.hpp)
+using zf_dp_test::state_of;
 
 // One process, steps [from, to), fed the reduced (mean) gradient of `ranks` ranks (0: rank 0's
 // own gradient, as one process without ranks writes it).
