@@ -31,15 +31,10 @@ inline constexpr int set_ranks = 2;
 inline const std::string one_process_file = "one_process.zfckpt";
 inline const std::string set_file = "two_ranks.zfckpt";
 
+// The data-parallel tests' config (overlap on, the mean), with weight decay.
 inline zenflow::config make_config() {
-  zenflow::config c;
-  c.topk_ratio = 0.25;
-  c.update_interval = zenflow::interval::every(2);
-  c.select_interval = zenflow::interval::every(4);
-  c.overlap_step = true;
-  c.adam.lr = 1e-2f;
+  zenflow::config c = zf_dp_test::test_config(true);
   c.adam.weight_decay = 0.01f;
-  c.host_threads = 1;
   return c;
 }
 
