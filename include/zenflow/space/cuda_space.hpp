@@ -9,7 +9,7 @@
 #endif
 
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>  // (the driver API's types only: its one call is looked up at run time)
+#include <cudaTypedefs.h>  // (the driver API's types only: its calls are looked up at run time)
 
 #include <cstddef>
 #include <cstdint>
