@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -857,6 +858,28 @@ TEST_CASE("cuda: checkpoints move between spaces" * doctest::skip(!has_gpu())) {
   }
 }
 
+namespace {
+// A rows x cols fp32 matrix at wp (set to w0 first) with its grad at gp, trained 4 steps on
+// `grads` (4 of them, one after another); the params then.
+std::vector<float> train_in(const config& cfg, float* wp, float* gp, std::size_t rows, std::size_t cols,
+                            const std::vector<float>& w0, const std::vector<float>& grads) {
+  const std::size_t n = rows * cols;
+  ZF_CUDA_TRY(cudaMemcpy(wp, w0.data(), 4 * n, cudaMemcpyDefault));
+  optimizer<cuda_space> opt(cfg);
+  opt.add_matrix({wp, gp, rows, cols});
+  opt.initialize();
+  for (int t = 0; t < 4; ++t) {
+    ZF_CUDA_TRY(cudaMemcpy(gp, grads.data() + t * n, 4 * n, cudaMemcpyDefault));
+    CHECK_FALSE(opt.step(1.0f).skipped);
+  }
+  opt.synchronize();
+  ZF_CUDA_TRY(cudaDeviceSynchronize());
+  std::vector<float> out(n);
+  ZF_CUDA_TRY(cudaMemcpy(out.data(), wp, 4 * n, cudaMemcpyDefault));
+  return out;
+}
+}  // namespace
+
 // Buffers that kernels on the optimizer's GPU cannot use are refused at initialize(), naming the
 // buffer, with nothing built and no CUDA error left behind (a fault at the first kernel would end
 // the CUDA context and the training state on it): plain host memory (unless this GPU reaches
@@ -924,21 +947,7 @@ TEST_CASE("cuda: initialize() refuses memory the GPU cannot use and accepts what
     ~free_managed() { cudaFree(p); }
   } managed_guard{managed};
   pinned_array<float> pinned(n);
-  auto train = [&](float* wp, float* gp) {
-    ZF_CUDA_TRY(cudaMemcpy(wp, w0.data(), 4 * n, cudaMemcpyDefault));
-    optimizer<cuda_space> opt(cfg);
-    opt.add_matrix({wp, gp, rows, cols});
-    opt.initialize();
-    for (int t = 0; t < 4; ++t) {
-      ZF_CUDA_TRY(cudaMemcpy(gp, grads.data() + t * n, 4 * n, cudaMemcpyDefault));
-      CHECK_FALSE(opt.step(1.0f).skipped);
-    }
-    opt.synchronize();
-    ZF_CUDA_TRY(cudaDeviceSynchronize());
-    std::vector<float> out(n);
-    ZF_CUDA_TRY(cudaMemcpy(out.data(), wp, 4 * n, cudaMemcpyDefault));
-    return out;
-  };
+  auto train = [&](float* wp, float* gp) { return train_in(cfg, wp, gp, rows, cols, w0, grads); };
   const std::vector<float> want = train(w.data(), g.data());
   CHECK(want != w0);
   const std::vector<float> in_managed = train(managed, pinned.data());
@@ -992,4 +1001,92 @@ TEST_CASE("cuda: a copy into device memory is refused, one into host memory of a
   opt.copy_master(matrix_id{0}, managed);
   CHECK(std::memcmp(managed, want.data(), 4 * n) == 0);
   ZF_CUDA_TRY(cudaFree(managed));
+}
+
+namespace {
+// A driver call, looked up through the runtime as zenflow does (the tests never link libcuda).
+template <class F>
+F driver_call(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  ZF_CUDA_TRY(cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &found));
+  REQUIRE(found == cudaDriverEntryPointSuccess);
+  return reinterpret_cast<F>(f);
+}
+}  // namespace
+
+// Memory mapped with cuMemMap in pieces, as a caching allocator's expandable segments are: a
+// tensor across two pieces mapped side by side in one reservation is accepted (its length is
+// not measured there: the driver's range for its start may be one piece) and trains to the bits
+// device memory gives. The range the driver reports is recorded in the log.
+TEST_CASE("cuda: a tensor across two cuMemMap pieces is accepted and trains as device memory does" *
+          doctest::skip(!has_gpu())) {
+  int dev = 0;
+  ZF_CUDA_TRY(cudaGetDevice(&dev));
+  ZF_CUDA_TRY(cudaFree(nullptr));  // (the device's primary context, current on this thread)
+  const auto granularity = driver_call<PFN_cuMemGetAllocationGranularity_v10020>("cuMemGetAllocationGranularity");
+  const auto reserve = driver_call<PFN_cuMemAddressReserve_v10020>("cuMemAddressReserve");
+  const auto create = driver_call<PFN_cuMemCreate_v10020>("cuMemCreate");
+  const auto map = driver_call<PFN_cuMemMap_v10020>("cuMemMap");
+  const auto set_access = driver_call<PFN_cuMemSetAccess_v10020>("cuMemSetAccess");
+  const auto unmap = driver_call<PFN_cuMemUnmap_v10020>("cuMemUnmap");
+  const auto release = driver_call<PFN_cuMemRelease_v10020>("cuMemRelease");
+  const auto address_free = driver_call<PFN_cuMemAddressFree_v10020>("cuMemAddressFree");
+  const auto attribute = driver_call<PFN_cuPointerGetAttribute_v4000>("cuPointerGetAttribute");
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  std::size_t piece = 0;
+  REQUIRE(granularity(&piece, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
+  // two pieces, mapped and released in the guard's destructor whatever happens
+  struct mapping {
+    decltype(unmap) unmap_;
+    decltype(release) release_;
+    decltype(address_free) free_;
+    CUdeviceptr base = 0;
+    std::size_t bytes = 0;
+    CUmemGenericAllocationHandle h[2] = {};
+    bool mapped[2] = {};
+    ~mapping() {
+      for (int k = 0; k < 2; ++k)
+        if (mapped[k]) unmap_(base + k * bytes / 2, bytes / 2);
+      for (auto x : h)
+        if (x) release_(x);
+      if (base) free_(base, bytes);
+    }
+  } m{unmap, release, address_free};
+  m.bytes = 2 * piece;
+  REQUIRE(reserve(&m.base, m.bytes, 0, 0, 0) == CUDA_SUCCESS);
+  for (int k = 0; k < 2; ++k) {
+    REQUIRE(create(&m.h[k], piece, &prop, 0) == CUDA_SUCCESS);
+    REQUIRE(map(m.base + k * piece, piece, 0, m.h[k], 0) == CUDA_SUCCESS);
+    m.mapped[k] = true;
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  REQUIRE(set_access(m.base, m.bytes, &access, 1) == CUDA_SUCCESS);
+  // a piece's worth of fp32 from the middle of the first piece to the middle of the second
+  const std::size_t n = piece / 4, rows = 512, cols = n / rows;
+  REQUIRE(rows * cols == n);
+  float* across = reinterpret_cast<float*>(m.base + piece / 2);
+  CUdeviceptr range_begin = 0;
+  std::size_t range_size = 0;
+  if (attribute(&range_begin, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m.base + piece / 2) == CUDA_SUCCESS &&
+      attribute(&range_size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m.base + piece / 2) == CUDA_SUCCESS)
+    MESSAGE("the driver's range for the tensor's start: " << range_size << " bytes from offset "
+                                                          << std::int64_t(range_begin - m.base) << " of the reservation ("
+                                                          << m.bytes << " bytes in two pieces)");
+  config cfg;
+  cfg.topk_ratio = 0.1;
+  cfg.update_interval = interval::every(2);
+  zf_test::rng r(9);
+  std::vector<float> w0(n), grads(4 * n);
+  for (auto& x : w0) x = float(r.uniform(-1, 1));
+  for (auto& x : grads) x = float(r.uniform(-1, 1));
+  device_array<float> w(n), g(n);
+  const std::vector<float> want = train_in(cfg, w.data(), g.data(), rows, cols, w0, grads);
+  const std::vector<float> got = train_in(cfg, across, g.data(), rows, cols, w0, grads);
+  CHECK(std::memcmp(got.data(), want.data(), 4 * n) == 0);
 }
