@@ -4,7 +4,6 @@
 // first: the next two have nothing to wait for (the first waited for the host update in flight),
 // so a kill sent on reading the "s" lands while one of them writes its file (but for the few
 // system calls before the first opens it).
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -16,6 +15,7 @@
 #include <zenflow/zenflow.hpp>
 
 #include "checkpoint_models.hpp"
+#include "tbb_threads.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3 && !(argc == 4 && std::string(argv[3]) == "announce")) {
@@ -23,12 +23,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool announce = argc == 4;
-  // As the tests' own main: ZENFLOW_TEST_TBB_THREADS=1 (the ThreadSanitizer run) keeps oneTBB on
-  // the calling thread, whose uninstrumented hand-offs TSan would report as races, one report
-  // after another, slowing this writer so much that the kills met its reports, not its saves.
+  // As the tests' own main, ZENFLOW_TEST_TBB_THREADS (tbb_threads.hpp): under ThreadSanitizer,
+  // oneTBB's hand-offs reported one after another slowed this writer so much that the kills met
+  // its reports, not its saves.
   std::optional<tbb::global_control> limit;
-  if (const char* env = std::getenv("ZENFLOW_TEST_TBB_THREADS"))
-    limit.emplace(tbb::global_control::max_allowed_parallelism, std::size_t(std::max(1, std::atoi(env))));
+  if (const auto n = zf_test::tbb_threads_from_env()) limit.emplace(tbb::global_control::max_allowed_parallelism, *n);
   zf_ckpt_models::big m;
   zenflow::optimizer<> opt(zf_ckpt_models::big::config());
   m.register_with(opt);
