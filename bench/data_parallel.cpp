@@ -7,7 +7,10 @@
 // that the host-update time is the update's own, not overlapped). Each run trains twice, side by
 // side: the matrices' gradients reduce-scattered (mpi_communicator: each rank gets its block's
 // reduced gradient, the rest from the column statistics and the selected columns gathered) and
-// all-reduced (mpi_allreduce_communicator), one JSON line each.
+// all-reduced (mpi_allreduce_communicator), one JSON line each; and the reduce-scatter once more
+// with the gradients widened to fp32 for the reduction (reduction "reduce_scatter_fp32":
+// fp32_wire_mpi) before the bf16 gradients travel in their own dtype ("reduce_scatter"): the same
+// bits, twice the bytes.
 #include <mpi.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include <zenflow/zenflow.hpp>
 
 #include "args.hpp"
+#include "fp32_wire_mpi.hpp"
 #include "machine.hpp"
 
 using namespace zenflow;
@@ -106,6 +110,7 @@ int main(int argc, char** argv) {
   const int steps = int(a.count("--steps", 32, 1, 1 << 20));
   const unsigned threads = unsigned(a.count("--threads", 1, 1, 1024));
   run<mpi_allreduce_communicator>("all_reduce", dim, nmat, steps, threads);
+  run<zf_bench::fp32_wire_mpi>("reduce_scatter_fp32", dim, nmat, steps, threads);
   run<mpi_communicator>("reduce_scatter", dim, nmat, steps, threads);
   MPI_Finalize();
   return 0;

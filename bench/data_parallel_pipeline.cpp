@@ -2,7 +2,9 @@
 // ZenFlow and ZeRO-Offload, each data parallel over MPI with sharded host state, side by side in
 // one run, at a forward/backward time fixed for every R; the gradients reduce-scattered by column
 // blocks (mpi_communicator), and ZenFlow once more with them all-reduced, for comparison
-// (mpi_allreduce_communicator). Run under mpirun with R ranks; each
+// (mpi_allreduce_communicator), and once more reduce-scattered but widened to fp32 for the
+// reduction (fp32_wire_mpi; the other runs move the bf16 gradients in their own dtype: the same
+// bits, half the bytes). Run under mpirun with R ranks; each
 // rank's "device" is its own (a sleep for compute, a link model for copies) and its host work is
 // the real code on this machine's cores, so the ranks share the cores: on a box with fewer
 // cores than R x threads the figures include that contention (say so when quoting them).
@@ -28,6 +30,7 @@
 #include <zenflow/zenflow.hpp>
 
 #include "emulated_device.hpp"
+#include "fp32_wire_mpi.hpp"
 #include "pipeline_common.hpp"
 #include "pipeline_run.hpp"
 
@@ -41,6 +44,10 @@ using zenflow_dp = zenflow::optimizer<emulated_space, zenflow::column_topk, emul
 using zenflow_dp_all_reduce =
     zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater, zenflow::simd_accumulator, emulated_link,
                        zenflow::bounded_async, zenflow::mpi_allreduce_communicator>;
+// and reduce-scattered in fp32 (the gradients widened for the reduction), side by side
+using zenflow_dp_fp32_wire = zenflow::optimizer<emulated_space, zenflow::column_topk, emulated_updater,
+                                                zenflow::simd_accumulator, emulated_link, zenflow::bounded_async,
+                                                fp32_wire_mpi>;
 using zero_offload_dp = zenflow::optimizer<emulated_space, zenflow::select_none, emulated_updater,
                                            zenflow::simd_accumulator, emulated_link, zenflow::synchronous,
                                            zenflow::mpi_communicator>;
@@ -100,7 +107,12 @@ int main(int argc, char** argv) {
   const result za = run<zenflow_dp_all_reduce>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
                                                zenflow::mpi_allreduce_communicator(MPI_COMM_WORLD));
 
+  MPI_Barrier(MPI_COMM_WORLD);
+  const result zw = run<zenflow_dp_fp32_wire>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
+                                              fp32_wire_mpi(MPI_COMM_WORLD));
+
   const auto za_step = gather(za.step_s, R), za_stall = gather(za.stall_s, R), za_reduce = gather(za.reduce_s, R);
+  const auto zw_step = gather(zw.step_s, R), zw_reduce = gather(zw.reduce_s, R);
   const auto zf_step = gather(zf.step_s, R), zf_stall = gather(zf.stall_s, R), zf_host = gather(zf.host_update_s, R);
   const auto zf_bytes = gather(zf.d2h_bytes + zf.h2d_bytes, R), zf_reduce = gather(zf.reduce_s, R);
   const auto zo_step = gather(zo.step_s, R), zo_stall = gather(zo.stall_s, R), zo_host = gather(zo.host_update_s, R);
@@ -123,6 +135,8 @@ int main(int argc, char** argv) {
     print_array("zenflow_all_reduce_step_s", za_step);
     print_array("zenflow_all_reduce_stall_s", za_stall);
     print_array("zenflow_all_reduce_reduce_s", za_reduce);
+    print_array("zenflow_fp32_wire_step_s", zw_step);
+    print_array("zenflow_fp32_wire_reduce_s", zw_reduce);
     print_array("zero_offload_step_s", zo_step);
     print_array("zero_offload_stall_s", zo_stall);
     print_array("zero_offload_host_update_s", zo_host);

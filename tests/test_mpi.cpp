@@ -41,6 +41,7 @@
 #include "compaction_support.hpp"
 #include "data_parallel_model.hpp"
 #include "data_parallel_support.hpp"
+#include "reference/reference.hpp"
 
 using namespace zenflow;
 
@@ -312,20 +313,21 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       // it then sends to each of the others: nothing else crosses to the device during steps.
       CHECK(dp.stats.bytes_gathered == std::uint64_t(ranks() - 1) * dp.stats.bytes_to_device);
       // What this rank sent to agree on the gradient. Every step: the matrices' gradients
-      // reduce-scattered by column blocks (the others' blocks, 4 bytes an element), the vector
-      // all-reduced (the others' pieces of it, then its own shard to each of the others) and its
+      // reduce-scattered by column blocks (the others' blocks, in the grad dtype: 2 bytes an
+      // element of the bf16 g0, 4 of the fp32 g1), the vector all-reduced (the others' pieces of
+      // its fp16 gradient, then its own shard to each of the others, 2 bytes an element) and its
       // blocks' column statistics to each of the others (17 bytes a column), and before all that
       // its grad_scale, lr and whether it can step (12 bytes to each of the others). Every applied step:
       // its blocks' selected columns' reduced gradients to each of the others (grad dtype, each
       // matrix's piece padded to 16 bytes).
       const std::uint64_t R = std::uint64_t(ranks());
       std::uint64_t per_step = 0;
-      for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {
+      for (auto [rows_, cols_, es] : {std::tuple{R0, C0, 2}, std::tuple{R1, C1, 4}}) {
         const auto [c0, c1] = own_block(cols_);
-        per_step += 4 * rows_ * (cols_ - (c1 - c0)) + 17 * (R - 1) * (c1 - c0);
+        per_step += es * rows_ * (cols_ - (c1 - c0)) + 17 * (R - 1) * (c1 - c0);
       }
       const std::size_t mine = detail::shard_begin(N2, ranks(), my_rank() + 1) - detail::shard_begin(N2, ranks(), my_rank());
-      per_step += 4 * ((N2 - mine) + mine * (R - 1)) + 12 * (R - 1);
+      per_step += 2 * ((N2 - mine) + mine * (R - 1)) + 12 * (R - 1);
       CHECK(dp.stats.bytes_reduced == std::uint64_t(steps) * per_step + (R - 1) * dp.own_selected_bytes);
       // and less than the all-reduce of every gradient would send (2 (R - 1) / R of it)
       if (R > 1) CHECK(dp.stats.bytes_reduced < std::uint64_t(steps) * 4 * 2 * (R - 1) * n_all / R);
@@ -336,6 +338,53 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       CHECK(ref.stats.reduce_seconds == 0);
     }
   }
+}
+
+// mpi_communicator without its typed members: the optimizer then widens every gradient to fp32
+// for the reduction and rounds the result back itself (the path of communicators that have only
+// the fp32 members, nccl_communicator's).
+struct fp32_wire_mpi : mpi_communicator {
+  using mpi_communicator::mpi_communicator;
+  void reduce(void*, dtype, std::size_t, reduce_op) = delete;
+  void reduce_scatter(void*, dtype, const std::size_t*, reduce_op) = delete;
+  using mpi_communicator::reduce;
+  using mpi_communicator::reduce_scatter;
+};
+
+TEST_CASE("data parallel: gradients reduced in their own dtypes give the bits of the fp32 reduction, for fewer bytes") {
+  // Side by side, the same local gradients: mpi_communicator moves the bf16 g0 and the fp16 g2 in
+  // 2 bytes an element and rounds the reduction back itself; fp32_wire_mpi moves every element
+  // widened to 4 bytes and the optimizer rounds. After every step the grad buffers (the reduced
+  // gradient where the rank used it, its own elsewhere) are equal, and at the end the state.
+  // Bytes: per step, 2 bytes less for each bf16 element of the others' blocks of g0 and each
+  // fp16 element of the vector's all-reduce (the others' pieces, then the own shard to each of
+  // the others); g1 is fp32 either way.
+  const gradient_source src;
+  const int steps = 9;
+  const config cfg = variant(reduce_op::mean, true);
+  model a, b;
+  dp_optimizer typed(cfg, mpi_communicator(MPI_COMM_WORLD));
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, fp32_wire_mpi>
+      wide(cfg, fp32_wire_mpi(MPI_COMM_WORLD));
+  a.add_to(typed);
+  b.add_to(wide);
+  typed.initialize();
+  wide.initialize();
+  bool grads_equal = true;
+  for (int s = 0; s < steps; ++s) {
+    src.local_grads(a, s);
+    src.local_grads(b, s);
+    CHECK(typed.step(scale_for(reduce_op::mean)).skipped == wide.step(scale_for(reduce_op::mean)).skipped);
+    grads_equal = grads_equal && std::memcmp(a.g0.data(), b.g0.data(), 2 * R0 * C0) == 0 &&
+                  std::memcmp(a.g1.data(), b.g1.data(), 4 * R1 * C1) == 0 && std::memcmp(a.g2.data(), b.g2.data(), 2 * N2) == 0;
+  }
+  CHECK(grads_equal);
+  CHECK(state_of(typed, a) == state_of(wide, b));
+  const std::uint64_t R = std::uint64_t(ranks());
+  const auto [c0, c1] = own_block(C0);
+  const std::size_t mine = detail::shard_begin(N2, ranks(), my_rank() + 1) - detail::shard_begin(N2, ranks(), my_rank());
+  const std::uint64_t saved = 2 * R0 * (C0 - (c1 - c0)) + 2 * ((N2 - mine) + mine * (R - 1));
+  CHECK(wide.stats().bytes_reduced - typed.stats().bytes_reduced == (R > 1 ? std::uint64_t(steps) * saved : 0));
 }
 
 TEST_CASE("data parallel: a NaN on one rank skips the step on every rank") {
@@ -577,7 +626,7 @@ TEST_CASE("data parallel: initialize() sizes the communicator's buffers, and a s
 TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient, with the same state") {
   // The other reduction: every grad buffer replaced by the whole reduced gradient (checked after
   // every step against the reference's), each rank sending the others' pieces of every gradient
-  // and its own shard to each of the others (2 (R - 1) / R of the fp32 gradient); the state as
+  // and its own shard to each of the others (2 (R - 1) / R of the gradient); the state as
   // one process fed the reduced gradient, bit for bit.
   const gradient_source src;
   const int n = 13;
@@ -597,10 +646,17 @@ TEST_CASE("data parallel: mpi_allreduce_communicator all-reduces every gradient,
     CHECK(std::memcmp(m.g2.data(), reduced.g2.data(), 2 * N2) == 0);
   }
   CHECK(state_of(opt, m) == reference_run(src, reduce_op::mean, true, n).state);
+  // The all-reduce's bytes: a round per tensor here (each has another grad dtype, and a round
+  // travels in one), each sending the others' pieces and then its own shard to each of the
+  // others in the grad dtype (bf16 g0, fp32 g1, fp16 g2); and each step's 12-byte vote to each of
+  // the others.
   const std::size_t R = std::size_t(ranks());
-  const std::size_t mine = detail::shard_begin(n_all, ranks(), my_rank() + 1) - detail::shard_begin(n_all, ranks(), my_rank());
-  // (the all-reduce's bytes, and each step's 12-byte vote to each of the others)
-  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * (4 * ((n_all - mine) + mine * (R - 1)) + 12 * (R - 1)));
+  std::uint64_t per_step = 12 * (R - 1);
+  for (auto [n_t, es] : {std::pair{R0 * C0, 2}, std::pair{R1 * C1, 4}, std::pair{N2, 2}}) {
+    const std::size_t mine = detail::shard_begin(n_t, ranks(), my_rank() + 1) - detail::shard_begin(n_t, ranks(), my_rank());
+    per_step += es * ((n_t - mine) + mine * (R - 1));
+  }
+  CHECK(opt.stats().bytes_reduced == std::uint64_t(n) * per_step);
   // With the whole gradient on every rank the offload's compaction can run in the gradient pass
   // (each rank places only its own block's unselected columns): forced on every step that can
   // (compaction_support.hpp), the same state.
@@ -757,6 +813,19 @@ TEST_CASE("data parallel: host memory per rank is about 1/R of one process's, fo
     const std::size_t round = std::min({n, std::size_t(1) << 24,
                                         std::max({(n + 4 * Rs - 1) / (4 * Rs), std::size_t(1) << 18, Rs << 11})});
     CHECK(mine <= (1.0 + 0.125) / R * one + (4.0 + 4.0 * (1.0 + 1.0 / R)) * double(round) + 2.0 * double(dim * dim));
+    // The bf16 gradients travel as they are: against the same optimizer over fp32_wire_mpi, 2
+    // bytes less a round element of the buffer, and 2 less an element of the receive buffer's
+    // 2 ceil(round / R) pieces from each of the R ranks (no vector: no shard).
+    std::vector<std::vector<bfloat16>> ww = rw;
+    optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async, fp32_wire_mpi>
+        wide(cfg, fp32_wire_mpi(MPI_COMM_WORLD));
+    for (std::size_t k = 0; k < nmat; ++k)
+      wide.add_matrix(matrix(ww[k].data(), g[k].data(), rows{dim}, cols{dim}).dtypes(dtype::bf16, dtype::bf16));
+    wide.initialize();
+    for (int s = 0; s < 4; ++s) REQUIRE_FALSE(wide.step().skipped);  // (the same steps: the same gather space)
+    const std::size_t pieces = 2 * ((round + Rs - 1) / Rs) * Rs;
+    CHECK(wide.communicator().bytes_allocated() - opt.communicator().bytes_allocated() == 2 * pieces);
+    CHECK(wide.stats().host_pageable_bytes - opt.stats().host_pageable_bytes == 2 * round + 2 * pieces);
   }
   // (and the training is the one process's: every rank's gradient is the same, so the mean is it,
   // exactly — 2x, 3x, 4x of a bf16 value are exact in fp32, and so is their division by R)
@@ -1620,7 +1689,8 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
       error_with_communicator<mpi_allreduce_communicator>(odd, base)};
   const std::string other_expect[] = {
       "reduce in rounds of at most 16 elements on " + them + ", 16777216 on rank 0",
-      "the one on " + them + " all-reduces the matrices' gradients, the one on rank 0 reduce-scatters"};
+      "the one on " + them + " all-reduces the matrices' gradients in their own dtypes, the one on rank 0 "
+      "reduce-scatters the matrices' gradients in their own dtypes"};
   for (int c = 0; c < 2; ++c) {
     CAPTURE(c);
     const std::string& what = other_comm[c];
@@ -1806,6 +1876,62 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
         bool ok = true;
         for (std::size_t j = 0; me == R - 1 && j < data.size(); ++j) ok = ok && same(data[j], reduced(R - 1, j, op));
         CHECK(ok);
+      }
+    }
+    // The typed members: bf16 and fp16 elements, widened exactly (from the formats' definitions),
+    // summed in rank order in fp32, divided for the mean and rounded to the dtype by
+    // tests/reference's nearest-even rounding. The values' exponents differ by up to 8, so the
+    // fp32 sums carry more bits than the dtype and the rounding back decides the last one.
+    for (zenflow::dtype t : {zenflow::dtype::bf16, zenflow::dtype::f16}) {
+      CAPTURE(int(t));
+      auto elem = [&](int r, int q, std::size_t j) {  // rank r's element j of segment q, as bits
+        const float x = value(r, q, j);
+        return t == zenflow::dtype::bf16 ? zf_ref::bf16_round(x) : zf_ref::f16_round(x);
+      };
+      auto widen = [&](std::uint16_t h) {
+        return float(t == zenflow::dtype::bf16 ? zf_ref::bf16_value(h) : zf_ref::f16_value(h));
+      };
+      auto want = [&](int q, std::size_t j, reduce_op op) {
+        float x = widen(elem(0, q, j));
+        for (int r = 1; r < R; ++r) x += widen(elem(r, q, j));
+        if (op == reduce_op::mean) x /= float(R);
+        return t == zenflow::dtype::bf16 ? zf_ref::bf16_round(x) : zf_ref::f16_round(x);
+      };
+      for (reduce_op op : {reduce_op::sum, reduce_op::mean}) {
+        CAPTURE(int(op));
+        {  // reduce: 23 elements, every rank gets every one, 2 bytes each on the wire
+          std::vector<std::uint16_t> data(23);
+          for (std::size_t j = 0; j < data.size(); ++j) data[j] = elem(me, 0, j);
+          std::uint64_t before = comm.bytes_sent();
+          comm.reduce(data.data(), t, data.size(), op);
+          const std::uint64_t sent = comm.bytes_sent() - before;
+          bool ok = true;
+          for (std::size_t j = 0; j < data.size(); ++j) ok = ok && data[j] == want(0, j, op);
+          CHECK(ok);
+          // the same elements as an fp32 reduce of 23 (its pieces and shards), at half the bytes
+          std::vector<float> f(23, 1.0f);
+          before = comm.bytes_sent();
+          comm.reduce(f.data(), f.size(), op);
+          CHECK(2 * sent == comm.bytes_sent() - before);
+          CHECK((sent > 0) == (R > 1));
+        }
+        {  // reduce_scatter: segments of different lengths, one empty when R > 1
+          std::vector<std::size_t> counts(static_cast<std::size_t>(R));
+          for (int q = 0; q < R; ++q) counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(9 + 4 * q);
+          std::vector<std::uint16_t> data;
+          std::size_t own = 0, others = 0;
+          for (int q = 0; q < R; ++q) {
+            for (std::size_t j = 0; j < counts[std::size_t(q)]; ++j) data.push_back(elem(me, q, j));
+            if (q < me) own += counts[std::size_t(q)];
+            if (q != me) others += counts[std::size_t(q)];
+          }
+          const std::uint64_t before = comm.bytes_sent();
+          comm.reduce_scatter(data.data(), t, counts.data(), op);
+          bool ok = true;
+          for (std::size_t j = 0; j < counts[std::size_t(me)]; ++j) ok = ok && data[own + j] == want(me, j, op);
+          CHECK(ok);
+          CHECK(comm.bytes_sent() - before == (R > 1 ? 2 * others : 0));  // the others' segments, 2 bytes each
+        }
       }
     }
     {  // all_gather: rank r's block of 5 + 3r bytes

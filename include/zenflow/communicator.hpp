@@ -25,10 +25,18 @@ namespace zenflow {
 // reduction of every rank's copy of it (reduce's order and bits), the others are unspecified.
 // With it, an optimizer (host space or cuda_space) reduce-scatters the matrices' gradients by
 // column blocks (each rank receives its own block's only) instead of all-reducing them.
-// Optional, reserve(scatter, reduce): makes every later reduce_scatter of at most `scatter`
-// elements in all, and reduce of at most `reduce`, run without allocating (the optimizer calls
-// it once, from initialize(), with its largest rounds of each: a growth refused inside a step
-// would leave some gradients reduced in place and others not).
+// Optional, typed: reduce(data, t, n, op) and reduce_scatter(data, t, counts, op) take elements
+// of dtype t (f32, bf16 or f16) in host memory and leave the reduction — the same fp32
+// arithmetic over the widened values (widening is exact) — rounded to t (nearest even), where
+// the fp32 members leave it in fp32 for the caller to round. The same bits, with the gradients
+// moved in their own dtype: 2 bytes an element instead of 4 for 16-bit ones. An optimizer over
+// the host space uses them when they are there (mpi_communicator has them).
+// Optional, reserve(scatter, reduce[, element_bytes]): makes every later reduce_scatter of at
+// most `scatter` elements in all, and reduce of at most `reduce`, run without allocating (the
+// optimizer calls it once, from initialize(), with its largest rounds of each and, where the
+// communicator takes a third argument and has the typed members, the widest of its gradients'
+// element sizes: a growth refused inside a step would leave some gradients reduced in place and
+// others not).
 // Each is a collective: every rank calls it, in the same order. A multi-process communicator
 // names the memory space its data lives in (`using space = ...`): reduce and all_gather take
 // that space's device memory (host memory for the host space, GPU memory for the CUDA space),

@@ -6,11 +6,15 @@
 //
 // The reduction is deterministic: each rank owns a shard of the elements; the ranks' pieces of a
 // shard go to its owner (MPI_Alltoallv), which sums them in rank order in fp32
-// (detail::reduce_in_rank_order). reduce_scatter stops there (the optimizer makes the shards
-// the ranks' blocks of matrix columns: each rank sends (R - 1) / R of the matrices' fp32
+// (detail::reduce_in_rank_order's arithmetic). reduce_scatter stops there (the optimizer makes
+// the shards the ranks' blocks of matrix columns: each rank sends (R - 1) / R of the matrices'
 // gradient); reduce then gathers the reduced shards back on every rank (MPI_Allgatherv: 2 (R -
 // 1) / R in all). No MPI reduction operator is used, so the bits do not depend on the MPI
 // library's algorithm. mpi_allreduce_communicator (below) has no reduce_scatter.
+// The pieces travel in the gradients' own dtype (the optional typed members of
+// communicator_policy): a bf16 or fp16 gradient sends 2 bytes an element, not the 4 of its
+// widened copy, and its owner widens them as it sums (exact) and rounds the result back, as the
+// optimizer would round an fp32 result: the same bits for half the bytes.
 // The optimizer's sharded host state uses the other collectives: all_gather (the params its
 // block's host updates changed, the state of joining columns) and all_agree (a save or load
 // succeeds on every rank or on none).
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "communicator.hpp"
+#include "host/kernels.hpp"
 #include "space/host_space.hpp"
 
 namespace zenflow {
@@ -81,24 +86,28 @@ class mpi_communicator {
   // round's worth; within twice the data in reduce_scatter), the shard and packing buffers, the
   // count arrays. (In the optimizer's stats().host_pageable_bytes.)
   std::size_t bytes_allocated() const noexcept {
-    return sizeof(float) * (pieces_.capacity() + shard_.capacity() + packed_.capacity()) +
+    return pieces_.capacity() + shard_.capacity() + packed_.capacity() +
            sizeof(int) * (counts_.capacity() + displs_.capacity() + mine_.capacity() + mine_displs_.capacity());
   }
 
   // See communicator_policy. Collective: every rank calls it with the same n.
-  void reduce(float* data, std::size_t n, reduce_op op) {
+  void reduce(float* data, std::size_t n, reduce_op op) { reduce(data, dtype::f32, n, op); }
+  // See communicator_policy (the typed reduce): n elements of dtype t, replaced by their
+  // reduction rounded to t. Collective: every rank calls it with the same t and n.
+  void reduce(void* data, dtype t, std::size_t n, reduce_op op) {
     if (size_ == 1) return;  // the sum of one, and its mean (x / 1 == x)
     // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
     const std::size_t round_max = std::min(lim_.round, lim_.int_max);
-    const std::size_t R = std::size_t(size_);
+    const std::size_t R = std::size_t(size_), es = size_of(t);
     if (n == 0) return;
     const std::size_t most = (std::min(round_max, n) + R - 1) / R;  // a rank's largest piece (the first round's)
-    grow(most * R, most, 0);
+    grow(most * R * es, most * es, 0);
     counts_.resize(R);  // (members: no allocation per step once sized)
     displs_.resize(R);
     mine_.resize(R);
     mine_displs_.resize(R);
     int *counts = counts_.data(), *displs = displs_.data(), *mine = mine_.data(), *mine_displs = mine_displs_.data();
+    auto* bytes = static_cast<unsigned char*>(data);
     for (std::size_t off = 0; off < n; off += round_max) {
       const std::size_t len = std::min(round_max, n - off);
       for (std::size_t r = 0; r < R; ++r) {
@@ -106,20 +115,19 @@ class mpi_communicator {
         counts[r] = int(detail::shard_begin(len, size_, int(r) + 1)) - displs[r];
       }
       const std::size_t m = std::size_t(counts[std::size_t(rank_)]);
-      pieces_.resize(m * R);
-      shard_.resize(m);
+      pieces_.resize(m * R * es);
+      shard_.resize(m * es);
       for (std::size_t r = 0; r < R; ++r) {
         mine[r] = int(m);
         mine_displs[r] = int(r * m);
       }
-      check(MPI_Alltoallv(data + off, counts, displs, MPI_FLOAT, pieces_.data(), mine,
-                          mine_displs, MPI_FLOAT, comm_),
+      check(MPI_Alltoallv(bytes + off * es, counts, displs, wire_type(t), pieces_.data(), mine, mine_displs, wire_type(t),
+                          comm_),
             "MPI_Alltoallv");
-      detail::reduce_in_rank_order(pieces_.data(), m, size_, op, shard_.data());
-      check(MPI_Allgatherv(shard_.data(), int(m), MPI_FLOAT, data + off, counts, displs, MPI_FLOAT,
-                           comm_),
+      sum_in_rank_order(pieces_.data(), t, m, op, shard_.data());
+      check(MPI_Allgatherv(shard_.data(), int(m), wire_type(t), bytes + off * es, counts, displs, wire_type(t), comm_),
             "MPI_Allgatherv");
-      sent_ += ((len - m) + m * (R - 1)) * sizeof(float);  // the others' pieces, then my shard to each
+      sent_ += ((len - m) + m * (R - 1)) * es;  // the others' pieces, then my shard to each
     }
   }
 
@@ -134,9 +142,12 @@ class mpi_communicator {
   // rank's segment holding all of it would otherwise need R times the data). Segments within
   // twice their share go in one round: the optimizer's column blocks are, but for a matrix
   // narrower than R or a row longer than the optimizer's round.
-  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
+  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) { reduce_scatter(data, dtype::f32, counts, op); }
+  // The same over elements of dtype t (the typed reduce_scatter): this rank's segment gets the
+  // reduction rounded to t.
+  void reduce_scatter(void* data, dtype t, const std::size_t* counts, reduce_op op) {
     if (size_ == 1) return;
-    const std::size_t R = std::size_t(size_), me = std::size_t(rank_);
+    const std::size_t R = std::size_t(size_), me = std::size_t(rank_), es = size_of(t);
     std::size_t longest = 0, total = 0, own = 0;  // own: where this rank's segment starts
     for (std::size_t r = 0; r < R; ++r) {
       longest = std::max(longest, counts[r]);
@@ -151,11 +162,12 @@ class mpi_communicator {
     const bool in_place = total <= lim_.int_max;
     std::size_t first_round = 0;  // the packed copy of the first round, the largest
     for (std::size_t r = 0; r < R; ++r) first_round += std::min(round_max, counts[r]);
-    grow(std::min(round_max, longest) * R, 0, in_place ? 0 : first_round);
+    grow(std::min(round_max, longest) * R * es, 0, in_place ? 0 : first_round * es);
     counts_.resize(R);  // (within what grow reserved)
     displs_.resize(R);
     mine_.resize(R);
     mine_displs_.resize(R);
+    auto* bytes = static_cast<unsigned char*>(data);
     for (std::size_t off = 0; off < longest; off += round_max) {
       std::size_t seg = 0, packed = 0, sent = 0;
       for (std::size_t r = 0; r < R; ++r) {  // this round: elements [off, off + len) of segment r
@@ -164,37 +176,40 @@ class mpi_communicator {
         // (an empty piece's offset is 0: seg + off may pass int's range once segment r is done)
         displs_[r] = len == 0 ? 0 : int(in_place ? seg + off : packed);
         if (!in_place) {
-          packed_.resize(packed + len);
-          std::copy_n(data + seg + off, len, packed_.data() + packed);
+          packed_.resize((packed + len) * es);
+          std::copy_n(bytes + (seg + off) * es, len * es, packed_.data() + packed * es);
         }
         packed += len;
         if (r != me) sent += len;
         seg += counts[r];
       }
       const std::size_t m = std::size_t(counts_[me]);  // my segment's piece, from every rank
-      pieces_.resize(m * R);
+      pieces_.resize(m * R * es);
       for (std::size_t r = 0; r < R; ++r) {
         mine_[r] = int(m);
         mine_displs_[r] = int(r * m);
       }
-      check(MPI_Alltoallv(in_place ? data : packed_.data(), counts_.data(), displs_.data(), MPI_FLOAT, pieces_.data(),
-                          mine_.data(), mine_displs_.data(), MPI_FLOAT, comm_),
+      check(MPI_Alltoallv(in_place ? data : packed_.data(), counts_.data(), displs_.data(), wire_type(t), pieces_.data(),
+                          mine_.data(), mine_displs_.data(), wire_type(t), comm_),
             "MPI_Alltoallv");
-      detail::reduce_in_rank_order(pieces_.data(), m, size_, op, data + own + off);
-      sent_ += sent * sizeof(float);
+      // (this round's piece of my segment was sent above and is not read again: written in place)
+      sum_in_rank_order(pieces_.data(), t, m, op, bytes + (own + off) * es);
+      sent_ += sent * es;
     }
   }
 
   // See communicator_policy (the optional member): the buffers any later reduce_scatter of at
   // most `scatter` elements in all, and reduce of at most `reduce`, needs, grown now (a
-  // collective, voted on as grow is): reduce's pieces are ceil(reduce / R) from every rank and
-  // its shard one of them, reduce_scatter's pieces at most 2 ceil(scatter / R) from every rank;
-  // the packed copy only past MPI's int. The optimizer calls it from initialize(), so that its
-  // steps allocate nothing here.
-  void reserve(std::size_t scatter, std::size_t reduce) {
+  // collective, voted on as grow is), for elements of up to `scatter_bytes` and `reduce_bytes`
+  // bytes (4: any dtype; 2: bf16 and fp16 only): reduce's pieces are ceil(reduce / R) from every
+  // rank and its shard one of them, reduce_scatter's pieces at most 2 ceil(scatter / R) from every
+  // rank; the packed copy only past MPI's int. The optimizer calls it from initialize(), so that
+  // its steps allocate nothing here.
+  void reserve(std::size_t scatter, std::size_t reduce, std::size_t scatter_bytes = 4, std::size_t reduce_bytes = 4) {
     if (size_ == 1) return;
     const std::size_t R = std::size_t(size_), s = (scatter + R - 1) / R, r = (reduce + R - 1) / R;
-    grow(std::max(2 * s, r) * R, r, scatter > lim_.int_max ? scatter : 0);
+    const std::size_t es = std::clamp<std::size_t>(scatter_bytes, 1, 4), er = std::clamp<std::size_t>(reduce_bytes, 1, 4);
+    grow(std::max(2 * s * es, r * er) * R, r * er, scatter > lim_.int_max ? scatter * es : 0);
   }
 
   // See communicator_policy. In place: MPI_Allgatherv on bytes when every count and offset fits
@@ -230,7 +245,7 @@ class mpi_communicator {
   }
 
  private:
-  // The buffers grown before a call's first collective, to bounds every rank computes alike from
+  // The buffers (in bytes) grown before a call's first collective, to bounds every rank computes alike from
   // the call's arguments (the same on every rank), so that the ranks grow at the same calls — and
   // vote on it there: a rank that cannot allocate throws its error and the others throw too,
   // instead of waiting for it in the collective. When refused, every rank drops them (they go on
@@ -250,12 +265,38 @@ class mpi_communicator {
       failed = std::current_exception();
     }
     if (all_agree(!failed)) return;
-    for (auto* v : {&pieces_, &shard_, &packed_}) std::vector<float>().swap(*v);
+    for (auto* v : {&pieces_, &shard_, &packed_}) std::vector<unsigned char>().swap(*v);
     for (auto* v : {&counts_, &displs_, &mine_, &mine_displs_}) std::vector<int>().swap(*v);
     if (failed) std::rethrow_exception(failed);
     throw std::runtime_error("zenflow: mpi_communicator: another rank could not allocate its buffers for this "
                              "collective (it threw its error); nothing was sent");
   }
+
+  // R pieces of m elements of dtype t, one after the other, reduced into out (m elements of t):
+  // element i is ((x_0 + x_1) + x_2) + ... in fp32 of the widened values (exact), divided by R
+  // for the mean — detail::reduce_in_rank_order's arithmetic — then rounded to t (nearest even).
+  // In chunks that stay in the first-level cache; widened and rounded by the host kernels, as the
+  // optimizer's own conversions are (the same bits).
+  void sum_in_rank_order(const unsigned char* pieces, dtype t, std::size_t m, reduce_op op, unsigned char* out) const {
+    constexpr std::size_t chunk = 1024;
+    alignas(64) float acc[chunk], x[chunk];
+    const host::kernel_table& k = host::kernels(host::best_isa());
+    const std::size_t es = size_of(t);
+    const float div = float(size_);
+    for (std::size_t b = 0; b < m; b += chunk) {
+      const std::size_t n = std::min(chunk, m - b);
+      k.convert({pieces + b * es, t, acc, dtype::f32}, 0, n);
+      for (std::size_t r = 1; r < std::size_t(size_); ++r) {
+        k.convert({pieces + (r * m + b) * es, t, x, dtype::f32}, 0, n);
+        for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+      }
+      if (op == reduce_op::mean)
+        for (std::size_t i = 0; i < n; ++i) acc[i] /= div;
+      k.convert({acc, dtype::f32, out + b * es, t}, 0, n);
+    }
+  }
+  // what an element travels as: its own bits (MPI only moves them)
+  static MPI_Datatype wire_type(dtype t) noexcept { return t == dtype::f32 ? MPI_FLOAT : MPI_UINT16_T; }
 
   static void check(int rc, const char* what) {
     if (rc == MPI_SUCCESS) return;
@@ -268,26 +309,30 @@ class mpi_communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::uint64_t sent_ = 0;
-  std::vector<float> pieces_, shard_, packed_;
+  std::vector<unsigned char> pieces_, shard_, packed_;
   std::vector<int> counts_, displs_, mine_, mine_displs_;
   limits lim_;
 };
 
 // mpi_communicator without reduce_scatter: an optimizer over it all-reduces every gradient, so
 // that after step() the grad buffers hold the whole reduced gradient on every rank (for a trainer
-// that reads them, to log a norm, say), at about 2 (R - 1) / R of the fp32 gradient sent per rank
+// that reads them, to log a norm, say), at about 2 (R - 1) / R of the gradient sent per rank
 // instead of (R - 1) / R plus the selected columns. The optimizer's state is the same, bit for bit.
 struct mpi_allreduce_communicator : mpi_communicator {
   using mpi_communicator::mpi_communicator;
   void reduce_scatter(float*, const std::size_t*, reduce_op) = delete;
+  void reduce_scatter(void*, dtype, const std::size_t*, reduce_op) = delete;
 };
 
 static_assert(communicator_policy<mpi_communicator>);
 // (the optimizer detects the optional members with requires-expressions, where a private or
 // misspelt one would silently count as absent)
-static_assert(requires(mpi_communicator& c, float* d, const std::size_t* n) {
+static_assert(requires(mpi_communicator& c, float* d, void* b, const std::size_t* n) {
   c.reserve(std::size_t{}, std::size_t{});
+  c.reserve(std::size_t{}, std::size_t{}, std::size_t{}, std::size_t{});
   c.reduce_scatter(d, n, reduce_op::sum);
+  c.reduce(b, dtype::bf16, std::size_t{}, reduce_op::sum);
+  c.reduce_scatter(b, dtype::bf16, n, reduce_op::sum);
 });
 static_assert(requires(mpi_allreduce_communicator& c) { c.reserve(std::size_t{}, std::size_t{}); });
 static_assert(communicator_policy<mpi_allreduce_communicator>);

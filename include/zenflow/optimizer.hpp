@@ -141,6 +141,20 @@ class optimizer {
       });
     else return false;
   }();
+  // Data parallel on the host space with a communicator that has the typed reduce (and
+  // reduce_scatter, where the matrices' gradients are reduce-scattered): the gradients travel in
+  // their own dtype and come back rounded to it (2 bytes an element for bf16 and fp16, where the
+  // fp32 members move 4), the same bits. A reduction round then holds one dtype.
+  static constexpr bool typed_wire = [] {
+    if constexpr (data_parallel && std::is_base_of_v<host_space, Space>)
+      return requires(Communicator& c, void* d) { c.reduce(d, dtype::bf16, std::size_t{}, reduce_op::mean); } &&
+             (!sharded_reduction || requires(Communicator& c, void* d, const std::size_t* n) {
+               c.reduce_scatter(d, dtype::bf16, n, reduce_op::mean);
+             });
+    else return false;
+  }();
+  // what a gradient of dtype g travels as in the reduction
+  static constexpr dtype wire_of(dtype g) noexcept { return typed_wire ? g : dtype::f32; }
   // The offload's compaction fused into the gradient pass (see step_checked): an updater whose
   // pass can also compact and a scheduler that tells whether its offload lane is idle; with the
   // gradients reduce-scattered only at one rank (the pass in parts does not compact).
@@ -238,8 +252,20 @@ class optimizer {
             if constexpr (!sharded_reduction)
               for (const auto& p : matrices_) all_reduced += p.rows * p.cols;
             for (const auto& p : vectors_) all_reduced += p.n;
-            const std::size_t round = reduce_buf_.size();
-            comm_.reserve(sharded_reduction ? round : 0, std::min(round, all_reduced));
+            const std::size_t round = reduce_round_;
+            if constexpr (typed_wire && requires { comm_.reserve(std::size_t{}, std::size_t{}, std::size_t{}, std::size_t{}); }) {
+              // (for the widest elements each kind of round moves: 2 bytes where those gradients
+              // are all 16-bit)
+              std::size_t scattered = 1, reduced = 1;
+              for (const auto& p : matrices_) {
+                std::size_t& w = sharded_reduction ? scattered : reduced;
+                w = std::max(w, size_of(p.grad_type));
+              }
+              for (const auto& p : vectors_) reduced = std::max(reduced, size_of(p.grad_type));
+              comm_.reserve(sharded_reduction ? round : 0, std::min(round, all_reduced), scattered, reduced);
+            } else {
+              comm_.reserve(sharded_reduction ? round : 0, std::min(round, all_reduced));
+            }
           }
         } catch (...) {
           unbuild();
@@ -338,7 +364,7 @@ class optimizer {
       // (the reduction buffer and the gather space are the space's device memory: host memory
       // on the host space)
       // and what the communicator keeps between calls (its receive buffers) in its space's memory
-      std::size_t comm_bytes = 4 * reduce_buf_.size() + gather_buf_.size();
+      std::size_t comm_bytes = reduce_buf_.size() + gather_buf_.size();
       if constexpr (requires { comm_.bytes_allocated(); }) comm_bytes += comm_.bytes_allocated();
       const bool on_host = std::is_base_of_v<host_space, Space>;
       s.host_pageable_bytes = host_.bytes_allocated() + (on_host ? comm_bytes : 0);
@@ -596,20 +622,23 @@ class optimizer {
   }
   // The grad buffers from tensor `first` on (matrices, then vectors, in registration order),
   // taken as one sequence of elements, reduced across the ranks a round at a time: at most
-  // reduce_buf_.size() elements (reduce_round_for) widened to fp32 into reduce_buf_, reduced, and
-  // written back rounded to their dtype (nearest even). The reduction is element by element, so
-  // the rounds do not change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
+  // reduce_round_ elements (reduce_round_for) packed into reduce_buf_ — widened to fp32, or
+  // in their own dtype with typed_wire (a round then holds one dtype: a tensor of another starts
+  // the next) — reduced, and written back rounded to their dtype (nearest even; with typed_wire
+  // the communicator rounded them). The reduction is element by element, so the rounds do not
+  // change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
   // non-finite on every rank, so every rank skips the step. (On the host space by the host
   // kernels in the space's own arena — device-side work, never queued behind a host update
   // running in the accumulator's — on a device space by its convert(): the same bits.)
   void all_reduce_gradients(std::size_t first) {
-    float* buf = reduce_buf_.data();
-    const std::size_t round = reduce_buf_.size();
+    unsigned char* buf = reduce_buf_.data();
+    const std::size_t round = reduce_round_;
     auto convert = [&](const void* src, dtype st, void* dst, dtype dt, std::size_t n) {
       if constexpr (std::is_base_of_v<host_space, Space>) host::convert(space_.arena(), {src, st, dst, dt}, n);
       else space_.convert(src, st, dst, dt, n);
     };
     std::size_t fill = 0;  // elements of this round in buf
+    dtype wt = dtype::f32;  // and their dtype there
     auto& pieces = reduce_pieces_;  // this round's pieces of tensors, in buf order
     pieces.clear();
     auto grad = [&](std::size_t t) -> std::pair<unsigned char*, dtype> {
@@ -619,11 +648,12 @@ class optimizer {
     };
     auto flush = [&] {
       if (!fill) return;
-      comm_.reduce(buf, fill, cfg_.gradient_reduction);
+      if constexpr (typed_wire) comm_.reduce(static_cast<void*>(buf), wt, fill, cfg_.gradient_reduction);
+      else comm_.reduce(reinterpret_cast<float*>(buf), fill, cfg_.gradient_reduction);
       std::size_t at = 0;
       for (const reduce_piece& pc : pieces) {
         const auto [g, t] = grad(pc.tensor);
-        convert(buf + at, dtype::f32, g + pc.first * size_of(t), t, pc.len);
+        convert(buf + at * size_of(wt), wt, g + pc.first * size_of(t), t, pc.len);
         at += pc.len;
       }
       fill = 0;
@@ -632,10 +662,14 @@ class optimizer {
     const std::size_t tensors = matrices_.size() + vectors_.size();
     for (std::size_t t = first; t < tensors; ++t) {
       const std::size_t n = t < matrices_.size() ? matrices_[t].rows * matrices_[t].cols : vectors_[t - matrices_.size()].n;
+      const auto [g, ty] = grad(t);
+      if (wire_of(ty) != wt) {
+        flush();
+        wt = wire_of(ty);
+      }
       for (std::size_t e = 0; e < n;) {
         const std::size_t len = std::min(n - e, round - fill);
-        const auto [g, ty] = grad(t);
-        convert(g + e * size_of(ty), ty, buf + fill, dtype::f32, len);
+        convert(g + e * size_of(ty), ty, buf + fill * size_of(wt), wt, len);
         pieces.push_back({t, e, len});
         fill += len;
         e += len;
@@ -645,22 +679,29 @@ class optimizer {
     flush();
   }
   // sharded_reduction: every matrix's gradient reduce-scattered by column blocks, a round of at
-  // most reduce_buf_.size() elements at a time. A round is a list of rectangles of matrices
+  // most reduce_round_ elements at a time. A round is a list of rectangles of matrices
   // (rows [r0, r1) by columns [a, b): whole rows, or a part of one row when a row alone is
-  // longer than the round); rank q's segment of the round holds, rectangle after rectangle, the
-  // part in q's block of columns, widened to fp32. Each rank then gets its segment reduced (the
-  // sum in rank order, as the all-reduce's: the same bits) and writes it back rounded to the
-  // grad dtype; the other columns of its grad buffers keep the rank's own gradient.
+  // longer than the round) of one wire dtype (wire_of: with typed_wire a matrix of another grad
+  // dtype starts the next round); rank q's segment of the round holds, rectangle after
+  // rectangle, the part in q's block of columns, in the wire dtype. Each rank then gets its
+  // segment reduced (the sum in rank order, as the all-reduce's: the same bits) and writes it
+  // back rounded to the grad dtype; the other columns of its grad buffers keep the rank's own
+  // gradient.
   void scatter_matrix_gradients() {
-    const std::size_t round = reduce_buf_.size();
+    const std::size_t round = reduce_round_;
     std::size_t fill = 0;
+    dtype wt = dtype::f32;
     scatter_items_.clear();
     auto flush = [&] {
-      flush_scatter();
+      flush_scatter(wt);
       fill = 0;
     };
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const std::size_t rows = matrices_[i].rows, cols = matrices_[i].cols;
+      if (wire_of(matrices_[i].grad_type) != wt) {
+        flush();
+        wt = wire_of(matrices_[i].grad_type);
+      }
       if (cols <= round) {
         for (std::size_t r = 0; r < rows;) {
           const std::size_t take = std::min(rows - r, (round - fill) / cols);
@@ -683,11 +724,12 @@ class optimizer {
           }
       }
     }
-    flush_scatter();
+    flush_scatter(wt);
   }
-  void flush_scatter() {
+  // One round of scatter_matrix_gradients, its elements travelling as wt.
+  void flush_scatter(dtype wt) {
     if (scatter_items_.empty()) return;
-    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
+    const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank()), es = size_of(wt);
     // the part of a rectangle in rank q's block: columns [lo, hi)
     auto part = [&](const scatter_item& it, std::size_t q) {
       const std::size_t lo = std::max(it.a, col_begin(it.matrix, int(q))), hi = std::min(it.b, col_begin(it.matrix, int(q) + 1));
@@ -699,30 +741,32 @@ class optimizer {
         const auto [lo, hi] = part(it, q);
         scatter_counts_[q] += (it.r1 - it.r0) * (hi - lo);
       }
-    float* buf = reduce_buf_.data();
+    unsigned char* buf = reduce_buf_.data();
     std::size_t at = 0, own = 0;
     for (std::size_t q = 0; q < R; ++q) {
       if (q == me) own = at;
       for (const scatter_item& it : scatter_items_) {
         const auto [lo, hi] = part(it, q);
-        grad_rectangle(it.matrix, it.r0, it.r1, lo, hi, buf + at, true);
+        grad_rectangle(it.matrix, it.r0, it.r1, lo, hi, buf + at * es, wt, true);
         at += (it.r1 - it.r0) * (hi - lo);
       }
     }
-    comm_.reduce_scatter(buf, scatter_counts_.data(), cfg_.gradient_reduction);
+    if constexpr (typed_wire) comm_.reduce_scatter(static_cast<void*>(buf), wt, scatter_counts_.data(), cfg_.gradient_reduction);
+    else comm_.reduce_scatter(reinterpret_cast<float*>(buf), scatter_counts_.data(), cfg_.gradient_reduction);
     at = own;
     for (const scatter_item& it : scatter_items_) {
       const auto [lo, hi] = part(it, me);
-      grad_rectangle(it.matrix, it.r0, it.r1, lo, hi, buf + at, false);
+      grad_rectangle(it.matrix, it.r0, it.r1, lo, hi, buf + at * es, wt, false);
       at += (it.r1 - it.r0) * (hi - lo);
     }
     scatter_items_.clear();
   }
   // Rows [r0, r1) by columns [lo, hi) of matrix i's grad buffer, in its memory order (column
-  // after column, or row after row for a row-major matrix), to fp32 at f (widen) or back from f
-  // rounded to the grad dtype (nearest even, as host::convert).
-  void grad_rectangle(std::size_t i, std::size_t r0, std::size_t r1, std::size_t lo, std::size_t hi, float* f,
-                      bool widen) {
+  // after column, or row after row for a row-major matrix), to dtype wt at w (out) or back from
+  // w (in), converted (fp32 one way, rounded to the grad dtype, nearest even, the other, as
+  // host::convert) or copied (wt the grad dtype).
+  void grad_rectangle(std::size_t i, std::size_t r0, std::size_t r1, std::size_t lo, std::size_t hi, void* w, dtype wt,
+                      bool out) {
     if (r0 == r1 || lo == hi) return;
     const matrix_param& p = matrices_[i];
     const bool by_col = p.layout == matrix_layout::column_contiguous;
@@ -733,19 +777,27 @@ class optimizer {
     auto* g = static_cast<unsigned char*>(const_cast<void*>(p.grad));
     const std::size_t es = size_of(p.grad_type);
     if constexpr (!std::is_base_of_v<host_space, Space>) {  // on the device, by the space
-      if (widen) space_.convert_lines(g + first * es, p.grad_type, stride, f, dtype::f32, len, lines, len);
-      else space_.convert_lines(f, dtype::f32, len, g + first * es, p.grad_type, stride, lines, len);
+      if (out) space_.convert_lines(g + first * es, p.grad_type, stride, w, wt, len, lines, len);
+      else space_.convert_lines(w, wt, len, g + first * es, p.grad_type, stride, lines, len);
     } else if (lines == 1 || len == stride) {  // one run: the vectorised conversion
-      if (widen) host::convert(space_.arena(), {g + first * es, p.grad_type, f, dtype::f32}, lines * len);
-      else host::convert(space_.arena(), {f, dtype::f32, g + first * es, p.grad_type}, lines * len);
+      if (out) host::convert(space_.arena(), {g + first * es, p.grad_type, w, wt}, lines * len);
+      else host::convert(space_.arena(), {w, wt, g + first * es, p.grad_type}, lines * len);
+    } else if (wt == p.grad_type) {  // lines copied
+      auto* x = static_cast<unsigned char*>(w);
+      space_.parallel_for(lines, [=](std::size_t l) {
+        unsigned char* run = g + (first + l * stride) * es;
+        if (out) std::memcpy(x + l * len * es, run, len * es);
+        else std::memcpy(run, x + l * len * es, len * es);
+      });
     } else {
       visit_dtype(p.grad_type, [&](auto gtag) {
         using G = typename decltype(gtag)::type;
         G* base = reinterpret_cast<G*>(g) + first;
+        float* f = static_cast<float*>(w);
         space_.parallel_for(lines, [=](std::size_t l) {
           G* run = base + l * stride;
           float* x = f + l * len;
-          if (widen)
+          if (out)
             for (std::size_t j = 0; j < len; ++j) x[j] = to_float(run[j]);
           else
             for (std::size_t j = 0; j < len; ++j) run[j] = from_float<G>(x[j]);
@@ -905,7 +957,8 @@ class optimizer {
   // rounds are all-to-alls), at most reduce_round(), never more than n. The rank keeps 4 bytes a
   // round element (the buffer) plus the communicator's receive buffer of twice as much (reserved
   // by initialize() for a reduce-scatter round's bound): between the floors and the cap,
-  // 12 bytes x n / 4R = 3 bytes a parameter / R, under a fifth of the 16 bytes a parameter / R
+  // 12 bytes x n / 4R = 3 bytes a parameter / R — half that where every gradient is 16-bit and
+  // travels as it is (typed_wire) — under a fifth of the 16 bytes a parameter / R
   // of its sharded host state — so host memory per rank stays about 1/R of
   // one process's for a small model too (a fixed round of up to 2^24 elements ate what sharding
   // saved below a few tens of millions of parameters). The price is the number of rounds, each a
@@ -1399,7 +1452,13 @@ class optimizer {
       std::size_t n = 0;
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
-      reduce_buf_ = typename Space::template buffer<float>(reduce_round_for(n, std::size_t(comm_.size())));
+      // (a round in the widest dtype the rounds move: fp32, or 2 bytes an element where every
+      // gradient is 16-bit and travels as it is)
+      std::size_t widest = 1;
+      for (const auto& p : matrices_) widest = std::max(widest, size_of(wire_of(p.grad_type)));
+      for (const auto& p : vectors_) widest = std::max(widest, size_of(wire_of(p.grad_type)));
+      reduce_round_ = reduce_round_for(n, std::size_t(comm_.size()));
+      reduce_buf_ = typename Space::template buffer<unsigned char>(reduce_round_ * widest);
       // the host-side lists a step fills, at their sizes now: a step's own allocations would
       // fail on one rank alone, which would then miss the next collective (initialize()'s
       // failures are voted on)
@@ -1465,6 +1524,7 @@ class optimizer {
     iota_.clear();
     if constexpr (data_parallel) {
       reduce_buf_ = {};
+      reduce_round_ = 0;
       gather_buf_ = {};
       stats_out_ = {};
       stats_in_ = {};
@@ -1685,14 +1745,16 @@ class optimizer {
       {
         unsigned char* at = all.data() + per * me;
         std::memcpy(at, conf.data().data(), csize);
-        // (and how the communicator reduces: its largest round, and whether the matrices'
-        // gradients are reduce-scattered — a rank built with another communicator type would cut
-        // the reduction differently and meet the others' collectives with other sizes; and
+        // (and how the communicator reduces: its largest round, whether the matrices' gradients
+        // are reduce-scattered and whether in their own dtype — a rank built with another
+        // communicator type would cut the reduction differently and meet the others' collectives
+        // with other sizes; and
         // whether the transport uploads ahead: a boundary then gathers other things; and the
         // optimizer's type)
         const std::uint64_t tail[7] = {matrices_.size(), vectors_.size(),
                                        ckpt::fnv1a64(tensors.data().data(), tensors.data().size()), reduce_round(),
-                                       sharded_reduction ? 1u : 0u, uploads_ahead_set() ? 1u : 0u, type_digest()};
+                                       (sharded_reduction ? 1u : 0u) | (typed_wire ? 2u : 0u),
+                                       uploads_ahead_set() ? 1u : 0u, type_digest()};
         std::memcpy(at + csize, tail, sizeof tail);
       }
       counts_.assign(R, per);
@@ -1735,10 +1797,12 @@ class optimizer {
              "; every rank needs the same upload_ahead() setting");
       }
       if (tail[0][4] != tail[1][4]) {
-        auto how = [](std::uint64_t sharded) { return sharded ? "reduce-scatters" : "all-reduces"; };
+        auto how = [](std::uint64_t v) {
+          return std::string(v & 1 ? "reduce-scatters" : "all-reduces") + " the matrices' gradients" +
+                 (v & 2 ? " in their own dtypes" : " in fp32");
+        };
         fail("initialize(): the ranks' communicators differ: the one on " + them + " " + how(tail[1][4]) +
-             " the matrices' gradients, the one on rank 0 " + how(tail[0][4]) +
-             "; every rank needs the same communicator type");
+             ", the one on rank 0 " + how(tail[0][4]) + "; every rank needs the same communicator type");
       }
       if (tail[0][3] != tail[1][3])
         fail("initialize(): the ranks' communicators reduce in rounds of at most " + std::to_string(tail[1][3]) +
@@ -2433,9 +2497,10 @@ class optimizer {
   Transport transport_{};
   Scheduler scheduler_{};
   [[no_unique_address]] Communicator comm_;
-  // data parallel: a round of the gradients as fp32, for the reduction (the space's device memory;
-  // reduce_round_for elements)
-  typename Space::template buffer<float> reduce_buf_;
+  // data parallel: a round of the gradients (reduce_round_ elements, reduce_round_for) as they
+  // travel in the reduction (wire_of), in the space's device memory
+  std::size_t reduce_round_ = 0;
+  typename Space::template buffer<unsigned char> reduce_buf_;
   std::vector<step_vote> votes_;  // agree_to_step's, a rank each
   std::vector<std::size_t> vote_bytes_;
   struct reduce_piece {
