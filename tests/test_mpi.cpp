@@ -1233,7 +1233,8 @@ TEST_CASE("data parallel: a rank that cannot step, or grad_scales or learning ra
   // theirs. Without that, a rank that throws alone leaves the others in a collective it never
   // joins (this job would hang until ctest's timeout), and different grad_scales would apply
   // different updates to what must stay one state. Here: scales that differ (the same words on
-  // every rank), an invalid scale on the last rank, a learning rate set on the last rank only, then a background accumulation that fails on
+  // every rank), an invalid scale on the last rank, a learning rate set on the last rank only (also
+  // -0 against 0), then a background accumulation that fails on
   // the last rank, met by the next step, and again by a save. Every rank throws each time; after
   // a failure every rank refuses work until a load on every rank, after which they go on in step
   // (the reference: one process fed the reduced gradient, resumed from the same set).
@@ -1270,6 +1271,14 @@ TEST_CASE("data parallel: a rank that cannot step, or grad_scales or learning ra
   CHECK(lr_differs.find("the learning rate is " + zenflow::detail::exact(2 * lr) + " on rank " +
                         std::to_string(ranks() - 1)) != std::string::npos);
   CHECK(same_everywhere(fnv(std::vector<unsigned char>(lr_differs.begin(), lr_differs.end()))));
+  // -0 on the last rank, 0 on the others: compared bit for bit (a step size of -0 turns a param
+  // of -0 into 0 where one of 0 keeps it, so the ranks' params would part unseen)
+  opt.set_lr(last ? -0.0f : 0.0f);
+  const std::string zero_differs = thrown([&] { opt.step(); });
+  CHECK(zero_differs.find("the learning rate is " + zenflow::detail::exact(-0.0f) + " on rank " +
+                          std::to_string(ranks() - 1) + ", " + zenflow::detail::exact(0.0f) + " on rank 0") !=
+        std::string::npos);
+  CHECK(same_everywhere(fnv(std::vector<unsigned char>(zero_differs.begin(), zero_differs.end()))));
   opt.set_lr(lr);
   run(4, 6);  // (none of them changed anything, nor left the optimizer unusable)
   // a background failure on the last rank

@@ -1187,7 +1187,9 @@ class optimizer {
              std::to_string(r) + ", " + detail::exact(votes[0].scale) +
              " on rank 0; every rank must pass the same (the ranks apply one reduced gradient)");
     for (std::size_t r = 1; r < R; ++r)
-      if (votes[r].lr != votes[0].lr)  // (-0 and 0 update alike; NaN is refused by set_lr)
+      // (bit for bit, as initialize() compares the configs: a step size of -0 where another rank
+      // has 0 turns a param of -0 into 0 on one rank only)
+      if (std::memcmp(&votes[r].lr, &votes[0].lr, sizeof votes[r].lr) != 0)
         fail("step() refused on every rank: the learning rate is " + detail::exact(votes[r].lr) + " on rank " +
              std::to_string(r) + ", " + detail::exact(votes[0].lr) +
              " on rank 0; every rank must set the same (set_lr: the ranks keep one replicated state)");
