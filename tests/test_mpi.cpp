@@ -1836,7 +1836,7 @@ TEST_CASE("data parallel: the optimizer over a communicator with small limits eq
 TEST_CASE("data parallel: mpi_communicator's collectives against their definitions, with small limits too") {
   // Values with different exponents, so that another order of the additions would round
   // differently; the rank-order fp32 sum (and the division for the mean) computed here element
-  // by element. reduce_scatter: segments of different lengths, one empty when R > 1.
+  // by element.
   const int R = ranks(), me = my_rank();
   auto value = [](int r, int q, std::size_t j) {
     return std::ldexp(1.0f + float((j * 7 + std::size_t(q) * 3) % 11) / 16.0f, (r * 5 + int(j)) % 9 - 4) *
@@ -1848,6 +1848,24 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
     return op == reduce_op::mean ? x / float(R) : x;
   };
   auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+  // reduce_scatter's input on this rank: segments of different lengths, one empty when R > 1,
+  // rank q's segment holding this rank's element(q, j); where this rank's own segment starts, and
+  // how many elements the others' segments hold
+  struct scatter_input {
+    std::vector<std::size_t> counts;
+    std::size_t own = 0, others = 0;
+  };
+  auto segments = [&](auto& data, auto element) {
+    scatter_input in;
+    in.counts.resize(static_cast<std::size_t>(R));
+    for (int q = 0; q < R; ++q) in.counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(9 + 4 * q);
+    for (int q = 0; q < R; ++q) {
+      for (std::size_t j = 0; j < in.counts[std::size_t(q)]; ++j) data.push_back(element(q, j));
+      if (q < me) in.own += in.counts[std::size_t(q)];
+      if (q != me) in.others += in.counts[std::size_t(q)];
+    }
+    return in;
+  };
   auto check_all = [&](mpi_communicator& comm) {
     for (reduce_op op : {reduce_op::sum, reduce_op::mean}) {
       CAPTURE(int(op));
@@ -1860,21 +1878,14 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
         CHECK(ok);
       }
       {  // reduce_scatter
-        std::vector<std::size_t> counts(static_cast<std::size_t>(R));
-        for (int q = 0; q < R; ++q) counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(9 + 4 * q);
         std::vector<float> data;
-        std::size_t own = 0, others = 0;
-        for (int q = 0; q < R; ++q) {
-          for (std::size_t j = 0; j < counts[std::size_t(q)]; ++j) data.push_back(value(me, q, j));
-          if (q < me) own += counts[std::size_t(q)];
-          if (q != me) others += counts[std::size_t(q)];
-        }
+        const scatter_input in = segments(data, [&](int q, std::size_t j) { return value(me, q, j); });
         const std::uint64_t before = comm.bytes_sent();
-        comm.reduce_scatter(data.data(), counts.data(), op);
+        comm.reduce_scatter(data.data(), in.counts.data(), op);
         bool ok = true;
-        for (std::size_t j = 0; j < counts[std::size_t(me)]; ++j) ok = ok && same(data[own + j], reduced(me, j, op));
+        for (std::size_t j = 0; j < in.counts[std::size_t(me)]; ++j) ok = ok && same(data[in.own + j], reduced(me, j, op));
         CHECK(ok);
-        CHECK(comm.bytes_sent() - before == (R > 1 ? 4 * others : 0));  // the others' segments, once
+        CHECK(comm.bytes_sent() - before == (R > 1 ? 4 * in.others : 0));  // the others' segments, once
       }
       {  // reduce_scatter, every element in the last rank's segment: in rounds of 2 ceil(37 / R)
         std::vector<std::size_t> counts(static_cast<std::size_t>(R), 0);
@@ -1924,22 +1935,15 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
           CHECK(2 * sent == comm.bytes_sent() - before);
           CHECK((sent > 0) == (R > 1));
         }
-        {  // reduce_scatter: segments of different lengths, one empty when R > 1
-          std::vector<std::size_t> counts(static_cast<std::size_t>(R));
-          for (int q = 0; q < R; ++q) counts[std::size_t(q)] = R > 1 && q == 1 ? 0 : std::size_t(9 + 4 * q);
+        {  // reduce_scatter
           std::vector<std::uint16_t> data;
-          std::size_t own = 0, others = 0;
-          for (int q = 0; q < R; ++q) {
-            for (std::size_t j = 0; j < counts[std::size_t(q)]; ++j) data.push_back(elem(me, q, j));
-            if (q < me) own += counts[std::size_t(q)];
-            if (q != me) others += counts[std::size_t(q)];
-          }
+          const scatter_input in = segments(data, [&](int q, std::size_t j) { return elem(me, q, j); });
           const std::uint64_t before = comm.bytes_sent();
-          comm.reduce_scatter(data.data(), t, counts.data(), op);
+          comm.reduce_scatter(data.data(), t, in.counts.data(), op);
           bool ok = true;
-          for (std::size_t j = 0; j < counts[std::size_t(me)]; ++j) ok = ok && data[own + j] == want(me, j, op);
+          for (std::size_t j = 0; j < in.counts[std::size_t(me)]; ++j) ok = ok && data[in.own + j] == want(me, j, op);
           CHECK(ok);
-          CHECK(comm.bytes_sent() - before == (R > 1 ? 2 * others : 0));  // the others' segments, 2 bytes each
+          CHECK(comm.bytes_sent() - before == (R > 1 ? 2 * in.others : 0));  // the others' segments, 2 bytes each
         }
       }
     }
