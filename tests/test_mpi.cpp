@@ -1693,14 +1693,19 @@ TEST_CASE("data parallel: ranks that registered different tensors or configs all
   // A rank built with another communicator type, which would cut the reduction differently and
   // meet the others' collectives with other sizes: one whose rounds are shorter, one that
   // all-reduces where the others reduce-scatter (the same round). Every rank refuses, naming both.
+  // And one that widens the gradients to fp32 for the reduction where the others move them in
+  // their own dtype: its rounds would hold other dtypes and sizes.
   const std::string other_comm[] = {
       error_with_communicator<short_round_mpi>(odd, base),
-      error_with_communicator<mpi_allreduce_communicator>(odd, base)};
+      error_with_communicator<mpi_allreduce_communicator>(odd, base),
+      error_with_communicator<fp32_wire_mpi>(odd, base)};
   const std::string other_expect[] = {
       "reduce in rounds of at most 16 elements on " + them + ", 16777216 on rank 0",
       "the one on " + them + " all-reduces the matrices' gradients in their own dtypes, the one on rank 0 "
+      "reduce-scatters the matrices' gradients in their own dtypes",
+      "the one on " + them + " reduce-scatters the matrices' gradients in fp32, the one on rank 0 "
       "reduce-scatters the matrices' gradients in their own dtypes"};
-  for (int c = 0; c < 2; ++c) {
+  for (int c = 0; c < 3; ++c) {
     CAPTURE(c);
     const std::string& what = other_comm[c];
     if (ranks() == 1) {

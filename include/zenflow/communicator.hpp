@@ -31,12 +31,12 @@ namespace zenflow {
 // the fp32 members leave it in fp32 for the caller to round. The same bits, with the gradients
 // moved in their own dtype: 2 bytes an element instead of 4 for 16-bit ones. An optimizer over
 // the host space uses them when they are there (mpi_communicator has them).
-// Optional, reserve(scatter, reduce[, element_bytes]): makes every later reduce_scatter of at
-// most `scatter` elements in all, and reduce of at most `reduce`, run without allocating (the
-// optimizer calls it once, from initialize(), with its largest rounds of each and, where the
-// communicator takes a third argument and has the typed members, the widest of its gradients'
-// element sizes: a growth refused inside a step would leave some gradients reduced in place and
-// others not).
+// Optional, reserve(scatter, reduce[, scatter_bytes, reduce_bytes]): makes every later
+// reduce_scatter of at most `scatter` elements in all, and reduce of at most `reduce`, run
+// without allocating (the optimizer calls it once, from initialize(), with its largest rounds of
+// each and, where the communicator takes the element sizes and has the typed members, the
+// widest gradient element each kind of round moves: a growth refused inside a step would leave
+// some gradients reduced in place and others not).
 // Each is a collective: every rank calls it, in the same order. A multi-process communicator
 // names the memory space its data lives in (`using space = ...`): reduce and all_gather take
 // that space's device memory (host memory for the host space, GPU memory for the CUDA space),
