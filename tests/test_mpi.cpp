@@ -284,11 +284,13 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
       if (ranks() > 1) CHECK(dp.stats.bytes_to_host < ref.stats.bytes_to_host);
       // Host memory: one process's, less the host state of the columns outside this rank's
       // blocks (master, m, v, accumulators: 12 + 4 per accumulator bytes an element, 4 a column's
-      // count), plus, with more than one rank, the fp32 reduction buffer (4 bytes an element of
-      // the model) and the communicator's own buffers (its receive buffer: a rank's pieces of
-      // its segment, at least its block's share of the matrices' gradient), and the gather
-      // space, which holds at most one matrix's params or its joining columns' state (<= 12
-      // bytes an element of the widest matrix here: k = cols / 4).
+      // count), plus, with more than one rank, the reduction buffer (a round holds one grad
+      // dtype: the largest of the bf16 g0, the fp32 g1 and the fp16 vector, in its bytes; the
+      // round is the whole model here) and the communicator's own buffers (its receive buffer:
+      // a rank's pieces of its segment of the largest round, at least its block's share of
+      // that matrix's gradient), and the gather space, which holds at most one matrix's params
+      // or its joining columns' state (<= 12 bytes an element of the widest matrix here: k =
+      // cols / 4).
       const std::uint64_t accs = overlap ? 2 : 1;
       std::uint64_t others = 0;
       for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {
@@ -296,17 +298,18 @@ TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bi
         others += ((12 + 4 * accs) * rows_ + 4) * (cols_ - own);
       }
       if (ranks() > 1) {
-        std::uint64_t received = 0;  // the pieces of this rank's blocks, from every rank, in fp32
-        for (auto [rows_, cols_] : {std::pair{R0, C0}, std::pair{R1, C1}}) {
+        std::uint64_t received = 0;  // the pieces of this rank's block of a matrix, from every rank
+        for (auto [rows_, cols_, es] : {std::tuple{R0, C0, 2}, std::tuple{R1, C1, 4}}) {
           const auto [c0, c1] = own_block(cols_);
-          received += 4 * std::uint64_t(ranks()) * rows_ * (c1 - c0);
+          received = std::max<std::uint64_t>(received, es * std::uint64_t(ranks()) * rows_ * (c1 - c0));
         }
         CHECK(dp.comm_bytes >= received);
       } else {
         CHECK(dp.comm_bytes == 0);  // (one rank: no collective ever runs)
       }
+      const std::uint64_t round_bytes = std::max({2 * R0 * C0, 4 * R1 * C1, 2 * N2});
       const std::uint64_t floor_ =
-          ref.stats.host_pageable_bytes - others + (ranks() > 1 ? 4 * n_all : 0) + dp.comm_bytes;
+          ref.stats.host_pageable_bytes - others + (ranks() > 1 ? round_bytes : 0) + dp.comm_bytes;
       CHECK(dp.stats.host_pageable_bytes >= floor_);
       CHECK(dp.stats.host_pageable_bytes <= floor_ + 12 * R0 * C0);
       // What a rank uploads (its blocks' params after a host update, its joining columns' state)
@@ -385,6 +388,136 @@ TEST_CASE("data parallel: gradients reduced in their own dtypes give the bits of
   const std::size_t mine = detail::shard_begin(N2, ranks(), my_rank() + 1) - detail::shard_begin(N2, ranks(), my_rank());
   const std::uint64_t saved = 2 * R0 * (C0 - (c1 - c0)) + 2 * ((N2 - mine) + mine * (R - 1));
   CHECK(wide.stats().bytes_reduced - typed.stats().bytes_reduced == (R > 1 ? std::uint64_t(steps) * saved : 0));
+  // The reduction buffer (host memory less the communicator's, the rest being alike): a round of
+  // fp32 (the whole model here), against the largest single-dtype round — the fp32 g1 here, at
+  // 4 bytes, the bf16 g0 and the fp16 vector at 2.
+  if (R > 1) {
+    const std::uint64_t wide_buf = wide.stats().host_pageable_bytes - wide.communicator().bytes_allocated();
+    const std::uint64_t typed_buf = typed.stats().host_pageable_bytes - typed.communicator().bytes_allocated();
+    CHECK(wide_buf - typed_buf == 4 * n_all - std::max({2 * R0 * C0, 4 * R1 * C1, 2 * N2}));
+  }
+}
+
+// Counts the reductions' collectives a communicator makes (reduce, reduce_scatter; typed or not).
+template <class Base>
+struct counting_mpi : Base {
+  using Base::Base;
+  int calls = 0;
+  template <class... A>
+  auto reduce(A... a) -> decltype(this->Base::reduce(a...)) {
+    ++calls;
+    return Base::reduce(a...);
+  }
+  template <class... A>
+  auto reduce_scatter(A... a) -> decltype(this->Base::reduce_scatter(a...)) {
+    ++calls;
+    return Base::reduce_scatter(a...);
+  }
+};
+
+// Matrices bf16, fp32, bf16, fp32 (grads; fp32 params) and vectors fp16, fp32, fp16, fp32.
+struct alternating {
+  static constexpr std::size_t rows_ = 6, cols_ = 10, n = 12;
+  std::vector<float> w[4], gf[2], b[4], vf[2];
+  std::vector<zenflow::bfloat16> gb[2];
+  std::vector<zenflow::float16> vh[2];
+  alternating() {
+    for (int k = 0; k < 4; ++k) {
+      w[k].resize(rows_ * cols_);
+      b[k].assign(n, 0.0f);
+      for (std::size_t e = 0; e < w[k].size(); ++e) w[k][e] = 0.01f * float((e * 7 + std::size_t(k)) % 23) - 0.1f;
+    }
+    for (int k = 0; k < 2; ++k) {
+      gf[k].resize(rows_ * cols_);
+      gb[k].resize(rows_ * cols_);
+      vf[k].resize(n);
+      vh[k].resize(n);
+    }
+  }
+  template <class Opt>
+  void add_to(Opt& opt) {
+    for (int k = 0; k < 4; ++k) {
+      if (k % 2 == 0)
+        opt.add_matrix(matrix(w[k].data(), gb[k / 2].data(), rows{rows_}, cols{cols_}).dtypes(dtype::f32, dtype::bf16));
+      else
+        opt.add_matrix(matrix(w[k].data(), gf[k / 2].data(), rows{rows_}, cols{cols_}));
+    }
+    for (int k = 0; k < 4; ++k) {
+      if (k % 2 == 0) opt.add_vector(zenflow::vector(b[k].data(), vh[k / 2].data(), n).dtypes(dtype::f32, dtype::f16));
+      else opt.add_vector(zenflow::vector(b[k].data(), vf[k / 2].data(), n));
+    }
+  }
+  void grads(int s) {  // this rank's own: values of different exponents, so the sums round
+    const int me = my_rank();
+    for (int k = 0; k < 2; ++k)
+      for (std::size_t e = 0; e < rows_ * cols_; ++e) {
+        const float x = std::ldexp(1.0f + float((e * 5 + std::size_t(k + s)) % 9) / 8.0f, int((e + std::size_t(me)) % 7) - 5) *
+                        ((e + std::size_t(me)) % 3 ? 1.0f : -1.0f);
+        gf[k][e] = x;
+        gb[k][e] = zenflow::bfloat16(x * 0.75f);
+      }
+    for (int k = 0; k < 2; ++k)
+      for (std::size_t e = 0; e < n; ++e) {
+        const float x = 0.01f * float((e * 3 + std::size_t(k + s + me)) % 11) - 0.05f;
+        vf[k][e] = x;
+        vh[k][e] = zenflow::float16(x * 1.5f);
+      }
+  }
+  std::vector<unsigned char> grad_bytes() const {
+    std::vector<unsigned char> out;
+    auto put = [&](const void* p, std::size_t bytes) {
+      const auto* c = static_cast<const unsigned char*>(p);
+      out.insert(out.end(), c, c + bytes);
+    };
+    for (int k = 0; k < 2; ++k) {
+      put(gf[k].data(), 4 * gf[k].size());
+      put(gb[k].data(), 2 * gb[k].size());
+      put(vf[k].data(), 4 * vf[k].size());
+      put(vh[k].data(), 2 * vh[k].size());
+    }
+    return out;
+  }
+};
+
+TEST_CASE("data parallel: gradients of alternating dtypes go in one round a dtype, with the bits of fp32") {
+  // Matrices bf16, fp32, bf16, fp32 and vectors fp16, fp32, fp16, fp32, all of them within one
+  // round (a small model): the typed reduction groups them by dtype — a reduce-scatter for the
+  // bf16 matrices, one for the fp32 ones, an all-reduce for the fp16 vectors, one for the fp32
+  // ones: 4 collectives a step, not one a tensor (8) — and gives the grads and state of the
+  // fp32 reduction (2 collectives a step: a reduce-scatter, an all-reduce).
+  config cfg = variant(reduce_op::mean, true);
+  cfg.topk_ratio = 0.25;
+  alternating a, b;
+  constexpr std::size_t rows_ = alternating::rows_, cols_ = alternating::cols_;
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+            counting_mpi<mpi_communicator>>
+      typed(cfg, counting_mpi<mpi_communicator>(MPI_COMM_WORLD));
+  optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, bounded_async,
+            counting_mpi<fp32_wire_mpi>>
+      wide(cfg, counting_mpi<fp32_wire_mpi>(MPI_COMM_WORLD));
+  static_assert(decltype(typed)::reduce_scatters && decltype(wide)::reduce_scatters);
+  a.add_to(typed);
+  b.add_to(wide);
+  typed.initialize();
+  wide.initialize();
+  const int steps = 7;
+  bool grads_equal = true;
+  for (int s = 0; s < steps; ++s) {
+    a.grads(s);
+    b.grads(s);
+    CHECK(typed.step().skipped == wide.step().skipped);
+    grads_equal = grads_equal && a.grad_bytes() == b.grad_bytes();
+  }
+  CHECK(grads_equal);
+  for (std::size_t k = 0; k < 4; ++k) {
+    std::vector<float> x(rows_ * cols_), y(rows_ * cols_);
+    typed.copy_master(matrix_id{k}, x.data());
+    wide.copy_master(matrix_id{k}, y.data());
+    CHECK(std::memcmp(x.data(), y.data(), 4 * x.size()) == 0);
+  }
+  const bool one = ranks() == 1;  // (one rank reduces nothing)
+  CHECK(typed.communicator().calls == (one ? 0 : 4 * steps));
+  CHECK(wide.communicator().calls == (one ? 0 : 2 * steps));
 }
 
 TEST_CASE("data parallel: a NaN on one rank skips the step on every rank") {
@@ -550,13 +683,18 @@ TEST_CASE("data parallel: a communicator on the space's device memory (staged co
       src.local_grads(m, s);
       opt.step();
     }
-    // the reduction buffer holds one round (100 fp32), not the model (1,852): against the same
-    // steps on mpi_communicator (the whole model in one round), everything else equal but the
-    // communicators' receive buffers, which hold a round's pieces too (one rank: no buffer)
+    // the reduction buffer holds one round (100 elements), not the model (1,852): against the
+    // same steps on mpi_communicator (the whole model in one round), everything else equal but
+    // the communicators' receive buffers, which hold a round's pieces too (one rank: no buffer).
+    // A round holds one grad dtype, in its bytes: the buffer is the largest such round — of the
+    // bf16 g0, the fp32 g1 and the fp16 vector, each within the round's 100 elements or not.
     const trained whole(src, cfg, k);
     const std::size_t comm_staged = opt.communicator().bytes_allocated(), comm_whole = whole.opt.communicator().bytes_allocated();
+    auto buffer = [](std::size_t round) {
+      return std::max({2 * std::min(round, R0 * C0), 4 * std::min(round, R1 * C1), 2 * std::min(round, N2)});
+    };
     CHECK((whole.opt.stats().host_pageable_bytes - comm_whole) - (opt.stats().host_pageable_bytes - comm_staged) ==
-          (ranks() > 1 ? 4 * (n_all - 100) : 0));
+          (ranks() > 1 ? buffer(n_all) - buffer(100) : 0));
     if (ranks() > 1) CHECK(comm_staged < comm_whole);
     CHECK(synced_params(opt) == [&] {
       model r;

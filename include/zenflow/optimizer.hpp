@@ -153,8 +153,10 @@ class optimizer {
              });
     else return false;
   }();
-  // what a gradient of dtype g travels as in the reduction
+  // what a gradient of dtype g travels as in the reduction, and every such dtype, in the order the
+  // reduction takes them (a round holds one)
   static constexpr dtype wire_of(dtype g) noexcept { return typed_wire ? g : dtype::f32; }
+  static constexpr dtype wire_dtypes[3] = {dtype::f32, dtype::bf16, dtype::f16};
   // The offload's compaction fused into the gradient pass (see step_checked): an updater whose
   // pass can also compact and a scheduler that tells whether its offload lane is idle; with the
   // gradients reduce-scattered only at one rank (the pass in parts does not compact).
@@ -248,22 +250,18 @@ class optimizer {
           // Reduce-scattered matrices: rounds of up to a round; all-reduced tensors (the vectors
           // then, else everything): up to a round or all of their elements, the smaller.
           if constexpr (requires { comm_.reserve(std::size_t{}, std::size_t{}); }) {
-            std::size_t all_reduced = 0;
-            if constexpr (!sharded_reduction)
-              for (const auto& p : matrices_) all_reduced += p.rows * p.cols;
-            for (const auto& p : vectors_) all_reduced += p.n;
             const std::size_t round = reduce_round_;
             if constexpr (typed_wire && requires { comm_.reserve(std::size_t{}, std::size_t{}, std::size_t{}, std::size_t{}); }) {
-              // (for the widest elements each kind of round moves: 2 bytes where those gradients
-              // are all 16-bit)
-              std::size_t scattered = 1, reduced = 1;
-              for (const auto& p : matrices_) {
-                std::size_t& w = sharded_reduction ? scattered : reduced;
-                w = std::max(w, size_of(p.grad_type));
+              // (a round holds one dtype: for each, its largest rounds of each kind, in its bytes)
+              for (dtype d : wire_dtypes) {
+                const auto [scattered, reduced] = wire_elements(d);
+                comm_.reserve(std::min(round, scattered), std::min(round, reduced), size_of(d), size_of(d));
               }
-              for (const auto& p : vectors_) reduced = std::max(reduced, size_of(p.grad_type));
-              comm_.reserve(sharded_reduction ? round : 0, std::min(round, all_reduced), scattered, reduced);
             } else {
+              std::size_t all_reduced = 0;
+              if constexpr (!sharded_reduction)
+                for (const auto& p : matrices_) all_reduced += p.rows * p.cols;
+              for (const auto& p : vectors_) all_reduced += p.n;
               comm_.reserve(sharded_reduction ? round : 0, std::min(round, all_reduced));
             }
           }
@@ -623,9 +621,10 @@ class optimizer {
   // The grad buffers from tensor `first` on (matrices, then vectors, in registration order),
   // taken as one sequence of elements, reduced across the ranks a round at a time: at most
   // reduce_round_ elements (reduce_round_for) packed into reduce_buf_ — widened to fp32, or
-  // in their own dtype with typed_wire (a round then holds one dtype: a tensor of another starts
-  // the next) — reduced, and written back rounded to their dtype (nearest even; with typed_wire
-  // the communicator rounded them). The reduction is element by element, so the rounds do not
+  // in their own dtype with typed_wire (a round then holds one dtype: the tensors go grouped by
+  // it, each group in registration order, so that alternating dtypes still fill the rounds) —
+  // reduced, and written back rounded to their dtype (nearest even; with typed_wire the
+  // communicator rounded them). The reduction is element by element, so the rounds do not
   // change a bit; they bound the buffer. A NaN or Inf on any rank makes the reduced element
   // non-finite on every rank, so every rank skips the step. (On the host space by the host
   // kernels in the space's own arena — device-side work, never queued behind a host update
@@ -660,29 +659,29 @@ class optimizer {
       pieces.clear();
     };
     const std::size_t tensors = matrices_.size() + vectors_.size();
-    for (std::size_t t = first; t < tensors; ++t) {
-      const std::size_t n = t < matrices_.size() ? matrices_[t].rows * matrices_[t].cols : vectors_[t - matrices_.size()].n;
-      const auto [g, ty] = grad(t);
-      if (wire_of(ty) != wt) {
-        flush();
-        wt = wire_of(ty);
+    for (dtype d : wire_dtypes) {  // (the tensors that travel as d, in registration order)
+      wt = d;
+      for (std::size_t t = first; t < tensors; ++t) {
+        const auto [g, ty] = grad(t);
+        if (wire_of(ty) != d) continue;
+        const std::size_t n = t < matrices_.size() ? matrices_[t].rows * matrices_[t].cols : vectors_[t - matrices_.size()].n;
+        for (std::size_t e = 0; e < n;) {
+          const std::size_t len = std::min(n - e, round - fill);
+          convert(g + e * size_of(ty), ty, buf + fill * size_of(wt), wt, len);
+          pieces.push_back({t, e, len});
+          fill += len;
+          e += len;
+          if (fill == round) flush();
+        }
       }
-      for (std::size_t e = 0; e < n;) {
-        const std::size_t len = std::min(n - e, round - fill);
-        convert(g + e * size_of(ty), ty, buf + fill * size_of(wt), wt, len);
-        pieces.push_back({t, e, len});
-        fill += len;
-        e += len;
-        if (fill == round) flush();
-      }
+      flush();
     }
-    flush();
   }
   // sharded_reduction: every matrix's gradient reduce-scattered by column blocks, a round of at
   // most reduce_round_ elements at a time. A round is a list of rectangles of matrices
   // (rows [r0, r1) by columns [a, b): whole rows, or a part of one row when a row alone is
-  // longer than the round) of one wire dtype (wire_of: with typed_wire a matrix of another grad
-  // dtype starts the next round); rank q's segment of the round holds, rectangle after
+  // longer than the round) of one wire dtype (wire_of: with typed_wire the matrices go grouped by
+  // it, each group in registration order); rank q's segment of the round holds, rectangle after
   // rectangle, the part in q's block of columns, in the wire dtype. Each rank then gets its
   // segment reduced (the sum in rank order, as the all-reduce's: the same bits) and writes it
   // back rounded to the grad dtype; the other columns of its grad buffers keep the rank's own
@@ -696,35 +695,35 @@ class optimizer {
       flush_scatter(wt);
       fill = 0;
     };
-    for (std::size_t i = 0; i < matrices_.size(); ++i) {
-      const std::size_t rows = matrices_[i].rows, cols = matrices_[i].cols;
-      if (wire_of(matrices_[i].grad_type) != wt) {
-        flush();
-        wt = wire_of(matrices_[i].grad_type);
-      }
-      if (cols <= round) {
-        for (std::size_t r = 0; r < rows;) {
-          const std::size_t take = std::min(rows - r, (round - fill) / cols);
-          if (take == 0) {
-            flush();
-            continue;
+    for (dtype d : wire_dtypes) {  // (the matrices that travel as d, in registration order)
+      wt = d;
+      for (std::size_t i = 0; i < matrices_.size(); ++i) {
+        if (wire_of(matrices_[i].grad_type) != d) continue;
+        const std::size_t rows = matrices_[i].rows, cols = matrices_[i].cols;
+        if (cols <= round) {
+          for (std::size_t r = 0; r < rows;) {
+            const std::size_t take = std::min(rows - r, (round - fill) / cols);
+            if (take == 0) {
+              flush();
+              continue;
+            }
+            scatter_items_.push_back({i, r, r + take, 0, cols});
+            fill += take * cols;
+            r += take;
           }
-          scatter_items_.push_back({i, r, r + take, 0, cols});
-          fill += take * cols;
-          r += take;
+        } else {
+          for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t a = 0; a < cols;) {
+              if (fill == round) flush();
+              const std::size_t len = std::min(cols - a, round - fill);
+              scatter_items_.push_back({i, r, r + 1, a, a + len});
+              fill += len;
+              a += len;
+            }
         }
-      } else {
-        for (std::size_t r = 0; r < rows; ++r)
-          for (std::size_t a = 0; a < cols;) {
-            if (fill == round) flush();
-            const std::size_t len = std::min(cols - a, round - fill);
-            scatter_items_.push_back({i, r, r + 1, a, a + len});
-            fill += len;
-            a += len;
-          }
       }
+      flush();
     }
-    flush_scatter(wt);
   }
   // One round of scatter_matrix_gradients, its elements travelling as wt.
   void flush_scatter(dtype wt) {
@@ -951,6 +950,16 @@ class optimizer {
     reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   }
 
+  // Data parallel: the elements the reduction moves as dtype d (wire_of), reduce-scattered (the
+  // matrices, with sharded_reduction) and all-reduced (the rest).
+  std::pair<std::size_t, std::size_t> wire_elements(dtype d) const {
+    std::size_t scattered = 0, reduced = 0;
+    for (const auto& p : matrices_)
+      if (wire_of(p.grad_type) == d) (sharded_reduction ? scattered : reduced) += p.rows * p.cols;
+    for (const auto& p : vectors_)
+      if (wire_of(p.grad_type) == d) reduced += p.n;
+    return {scattered, reduced};
+  }
   // The elements of a reduction round, for n elements over R ranks (build() sizes reduce_buf_
   // with it): a quarter of a rank's share, n / 4R, but at least 2^18 elements (1 MiB of fp32)
   // and at least R x 2^11 (so that a round's piece for each peer is about 8 KiB or more: the
@@ -1454,13 +1463,19 @@ class optimizer {
       std::size_t n = 0;
       for (const auto& p : matrices_) n += p.rows * p.cols;
       for (const auto& p : vectors_) n += p.n;
-      // (a round in the widest dtype the rounds move: fp32, or 2 bytes an element where every
-      // gradient is 16-bit and travels as it is)
-      std::size_t widest = 1;
-      for (const auto& p : matrices_) widest = std::max(widest, size_of(wire_of(p.grad_type)));
-      for (const auto& p : vectors_) widest = std::max(widest, size_of(wire_of(p.grad_type)));
       reduce_round_ = reduce_round_for(n, std::size_t(comm_.size()));
-      reduce_buf_ = typename Space::template buffer<unsigned char>(reduce_round_ * widest);
+      // (a round of fp32; with typed_wire a round holds one dtype: the largest round of any,
+      // at most that dtype's elements of its kind, in its bytes — 2 an element where the
+      // gradients are 16-bit but for a few small fp32 vectors)
+      std::size_t bytes = 4 * reduce_round_;
+      if constexpr (typed_wire) {
+        bytes = 0;
+        for (dtype d : wire_dtypes) {
+          const auto [scattered, reduced] = wire_elements(d);
+          bytes = std::max(bytes, std::min(reduce_round_, std::max(scattered, reduced)) * size_of(d));
+        }
+      }
+      reduce_buf_ = typename Space::template buffer<unsigned char>(bytes);
       // the host-side lists a step fills, at their sizes now: a step's own allocations would
       // fail on one rank alone, which would then miss the next collective (initialize()'s
       // failures are voted on)
