@@ -1,7 +1,7 @@
 // The C API when memory runs out: no call may throw past the C boundary or abort, even when
 // storing the error's own message fails. A program of its own, since it replaces the global
-// operator new (which throws while `starve` is set on the thread); the C API's definitions are
-// compiled in here, as a trainer without CMake would (c_impl.hpp in one C++ file).
+// operator new (which throws while `starve` is set on the thread), for the whole program: the
+// C API's library, zenflow::c, included.
 #include <doctest/doctest.h>
 
 #include <cerrno>
@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include <zenflow/c_impl.hpp>
+#include <zenflow/c.h>
+#include <zenflow/detail/c_status.hpp>
+#include <zenflow/zenflow.hpp>
 
 namespace {
 thread_local bool starve = false;
