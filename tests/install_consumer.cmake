@@ -25,13 +25,41 @@ if(WITH_CUDA)
     list(APPEND cuda_args -DZF_NCCL_CONSUMER=ON)
   endif()
 endif()
+# With MPI, a C program against zenflow::c_mpi, run as one rank by mpiexec.
+set(mpi_args -DZF_MPI_CONSUMER=OFF)
+if(WITH_MPI)
+  set(mpi_args -DZF_MPI_CONSUMER=ON)
+endif()
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release
-    ${cuda_args})
+    ${cuda_args} ${mpi_args})
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
 run("${WORK_DIR}/build/consumer_c")
 run("${WORK_DIR}/build/consumer_c_via_shared")
+if(WITH_MPI)
+  # (Open MPI refuses root unless told, as in a CI container)
+  set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
+  set(ENV{OMPI_ALLOW_RUN_AS_ROOT_CONFIRM} 1)
+  set(ENV{OMPI_MCA_btl} self,vader)
+  run("${MPIEXEC}" -n 1 ${MPIEXEC_FLAGS} "${WORK_DIR}/build/consumer_c_mpi")
+endif()
+
+# A project that enables only C is refused by find_package, naming the fix, instead of failing
+# at the link without the C++ runtime.
+file(WRITE "${WORK_DIR}/c-only/CMakeLists.txt" "cmake_minimum_required(VERSION 3.25)
+project(c_only C)
+find_package(zenflow CONFIG REQUIRED)
+")
+execute_process(
+  COMMAND "${CMAKE_COMMAND}" -S "${WORK_DIR}/c-only" -B "${WORK_DIR}/c-only/build" -G "${GENERATOR}"
+          -DCMAKE_PREFIX_PATH=${prefix}
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(REGEX REPLACE "[ \t\r\n]+" " " flat "${err}")
+if(rc EQUAL 0 OR NOT flat MATCHES "enable CXX in the project that uses it")
+  message(FATAL_ERROR "a C-only project should be refused by find_package(zenflow), naming the fix:\n${out}\n${err}")
+endif()
+message(STATUS "a C-only project correctly refused")
 
 # pkg-config: a Makefile builds the same consumers from zenflow.pc / zenflow-c.pc; the version
 # they report is the one version.hpp holds.

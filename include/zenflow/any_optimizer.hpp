@@ -60,6 +60,21 @@ class any_optimizer {
   static any_optimizer create(std::string_view kind, const config& cfg) {
     return create<Space>(parse_optimizer_kind(kind), cfg);
   }
+  // The same, data parallel over `comm` (mpi_communicator on host_space, nccl_communicator on
+  // cuda_space): the policies of the three kinds, with Communicator.
+  template <class Space, communicator_policy Communicator>
+  static any_optimizer create(optimizer_kind kind, const config& cfg, Communicator comm) {
+    switch (kind) {
+      case optimizer_kind::zenflow:
+        return make<optimizer<Space, column_topk, fused_adamw<Space>, simd_accumulator, default_transport_t<Space>,
+                              bounded_async, Communicator>>(name_of(kind), cfg, std::move(comm));
+      case optimizer_kind::zero_offload:
+        return make<zero_offload<Space, Communicator>>(name_of(kind), cfg, std::move(comm));
+      case optimizer_kind::device_adam:
+        return make<device_adam<Space, Communicator>>(name_of(kind), cfg, std::move(comm));
+    }
+    throw std::invalid_argument("zenflow: unknown optimizer kind " + std::to_string(int(kind)));
+  }
   // Any optimizer type (one's own policies), constructed in place from args; `name` is what
   // name() reports.
   template <class Opt, class... Args>
@@ -97,6 +112,8 @@ class any_optimizer {
   bool usable() const noexcept { return p_ && p_->usable(); }
   std::uint64_t applied_steps() const noexcept { return p_ ? p_->applied_steps() : 0; }
   optimizer_stats stats() const { return impl().stats(); }
+  // optimizer::all_agree: data parallel, a vote of the ranks (a collective); one process, ok.
+  bool all_agree(bool ok) { return impl().all_agree(ok); }
 
   void copy_master(matrix_id m, float* out) { impl().copy_master(m, out); }
   void copy_exp_avg(matrix_id m, float* out) { impl().copy_exp_avg(m, out); }
@@ -131,6 +148,7 @@ class any_optimizer {
     virtual bool initialized() const noexcept = 0;
     virtual std::uint64_t applied_steps() const noexcept = 0;
     virtual optimizer_stats stats() const = 0;
+    virtual bool all_agree(bool) = 0;
     virtual void copy_master(matrix_id, float*) = 0;
     virtual void copy_exp_avg(matrix_id, float*) = 0;
     virtual void copy_exp_avg_sq(matrix_id, float*) = 0;
@@ -183,6 +201,7 @@ class any_optimizer {
     bool initialized() const noexcept override { return o.initialized(); }
     std::uint64_t applied_steps() const noexcept override { return o.applied_steps(); }
     optimizer_stats stats() const override { return o.stats(); }
+    bool all_agree(bool ok) override { return o.all_agree(ok); }
     void copy_master(matrix_id m, float* out) override { o.copy_master(m, out); }
     void copy_exp_avg(matrix_id m, float* out) override { o.copy_exp_avg(m, out); }
     void copy_exp_avg_sq(matrix_id m, float* out) override { o.copy_exp_avg_sq(m, out); }

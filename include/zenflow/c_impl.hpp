@@ -16,46 +16,9 @@
 #include "any_optimizer.hpp"
 #include "c.h"
 #include "config.hpp"
+#include "detail/c_handle.hpp"
 #include "detail/c_status.hpp"
 #include "version.hpp"
-
-struct zf_optimizer {
-  zenflow::any_optimizer opt;
-  zenflow::param_group group{};  // of the tensors registered next (zf_set_group)
-  std::vector<std::size_t> matrix_sizes;  // rows * cols of each matrix, by id (zf_copy_master's check)
-};
-
-namespace zenflow::c_api {
-
-// guarded(f) on a handle: a call that fails and makes the optimizer unusable (it failed midway:
-// a step, a background job it met, a load's commit) returns ZF_UNUSABLE, whatever the cause (out
-// of memory, an I/O error: the message names it), since what the caller must do next is load a
-// checkpoint. (On a handle unusable already, the calls that refuse return ZF_UNUSABLE; a load
-// that fails its checks there returns ZF_CHECKPOINT_ERROR, and the handle stays unusable.)
-template <class F>
-zf_status guarded(const any_optimizer& o, F&& f) noexcept {
-  const bool was_usable = o.usable();
-  const zf_status s = guarded(std::forward<F>(f));
-  if (s == ZF_OK || s == ZF_UNUSABLE || !was_usable || o.usable()) return s;
-  error_message& m = last_error();
-  try {
-    if (!m.fixed) m.text += "; the optimizer is unusable until zf_load succeeds";
-  } catch (...) {  // (the cause's message stays as it is)
-  }
-  return ZF_UNUSABLE;
-}
-
-inline bool valid_dtype(int t) { return t == ZF_F32 || t == ZF_BF16 || t == ZF_F16; }
-
-inline config config_of(const char* text) {
-  if (!text) return config{};
-  const detail::json::value doc = detail::json_parse(text);
-  if (doc.type == detail::json::kind::object && doc.find("zero_optimization"))
-    return detail::config_from_deepspeed_doc(doc, config{});
-  return detail::config_from_zenflow_doc(doc, config{});
-}
-
-}  // namespace zenflow::c_api
 
 #define ZF_C_HANDLE(opt)                                                                \
   if (!(opt)) return ::zenflow::c_api::fail(ZF_INVALID_ARGUMENT, "zenflow: the optimizer handle is NULL")
@@ -175,29 +138,30 @@ zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out, size_t out_size) 
 zf_status zf_copy_master(zf_optimizer* opt, size_t id, float* out, size_t out_count) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
-  if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_copy_master: out is NULL");
-  return guarded(opt->opt, [&] {
-    // (an id out of range: copy_master names it)
-    if (id < opt->matrix_sizes.size() && out_count != opt->matrix_sizes[id])
+  // (data parallel, a collective: the arguments voted on first; an id out of range and a bad out
+  // are copy_master's to name, in its own vote)
+  zf_status mine = ZF_OK;
+  if (id < opt->matrix_sizes.size() && out_count != opt->matrix_sizes[id])
+    mine = guarded([&] {
       throw std::invalid_argument("zenflow: zf_copy_master: out holds " + std::to_string(out_count) +
                                   " floats, matrix " + std::to_string(id) + " has " +
                                   std::to_string(opt->matrix_sizes[id]) + " (rows * cols); nothing was written");
-    opt->opt.copy_master(zenflow::matrix_id{id}, out);
-  });
+    });
+  return voted(opt, "zf_copy_master", mine, [&] { opt->opt.copy_master(zenflow::matrix_id{id}, out); });
 }
 
 zf_status zf_save(zf_optimizer* opt, const char* path) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
-  if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_save: path is NULL");
-  return guarded(opt->opt, [&] { opt->opt.save(path); });
+  const zf_status mine = path ? ZF_OK : fail(ZF_INVALID_ARGUMENT, "zenflow: zf_save: path is NULL");
+  return voted(opt, "zf_save", mine, [&] { opt->opt.save(path); });
 }
 
 zf_status zf_load(zf_optimizer* opt, const char* path) noexcept {
   using namespace zenflow::c_api;
   ZF_C_HANDLE(opt);
-  if (!path) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_load: path is NULL");
-  return guarded(opt->opt, [&] { opt->opt.load(path); });
+  const zf_status mine = path ? ZF_OK : fail(ZF_INVALID_ARGUMENT, "zenflow: zf_load: path is NULL");
+  return voted(opt, "zf_load", mine, [&] { opt->opt.load(path); });
 }
 
 const char* zf_last_error(void) noexcept { return zenflow::c_api::last_error().c_str(); }

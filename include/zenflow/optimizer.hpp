@@ -484,6 +484,14 @@ class optimizer {
   Transport& transport() noexcept { return transport_; }
   // The communicator (its rank, size, bytes_sent(); read-only: its collectives are the optimizer's).
   const Communicator& communicator() const noexcept { return comm_; }
+  // Data parallel: true on every rank when every rank passed true — a collective, every rank
+  // calls it at the same point — for a caller's own checks before one of the optimizer's
+  // collectives (a wrapper's argument checks), so that a call one rank refuses is refused on
+  // every rank instead of leaving the others waiting in it. One process: ok, no communication.
+  bool all_agree(bool ok) {
+    if (!distributed()) return ok;
+    return comm_.all_agree(ok);
+  }
 
   // ---- checkpoints ------------------------------------------------------------------------
   // Saves the complete state — config, registrations, counters, selections, per-column counts,
