@@ -175,6 +175,8 @@ static void bad_calls(const char* dir) {
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL));
   OK(zf_initialize(opt));
   CHECK(zf_initialize(opt) == ZF_INVALID_ARGUMENT); /* twice */
+  CHECK(zf_save(opt, "") == ZF_INVALID_ARGUMENT);    /* (not "cannot rename ... to ") */
+  CHECK(contains(zf_last_error(), "save(): the path is empty"));
   {
     /* zf_stats_get writes out_size bytes: a caller built against a newer header (a bigger
      * zf_stats) gets this header's fields, then zeros; one smaller than 0.1.0's is refused and

@@ -863,3 +863,60 @@ TEST_CASE("checkpoint: a save removes the temporary files that killed saves of i
   fs::remove_all(dir);
 }
 #endif
+
+TEST_CASE("checkpoint: a file of other registrations is refused, naming what differs in words") {
+  // 8x21 matrix and 8 vector elements, each saved once as the file; the optimizer loading it
+  // registers something else, and the message says what, with dtypes and layouts by name
+  std::vector<float> w(8 * 21, 0.5f), g(8 * 21, 0.01f), b(8, 0.25f), gb(8, 0.01f), b2(8, 0.0f), gb2(8, 0.0f);
+  std::vector<bfloat16> wh(8 * 21, bfloat16(0.5f)), gh(8 * 21, bfloat16(0.01f));
+  const std::string path = temp_path("registrations.zfckpt");
+  {
+    optimizer<> file{config{}};
+    file.add_matrix(matrix(w.data(), g.data(), rows{8}, cols{21}));
+    file.add_vector(zenflow::vector(b.data(), gb.data(), 8));
+    file.initialize();
+    file.step();
+    file.save(path);
+  }
+  auto refused = [&](auto&& add, const std::string& message) {
+    optimizer<> here{config{}};
+    add(here);
+    here.initialize();
+    CHECK_THROWS_WITH_AS(here.load(path), doctest::Contains(message.c_str()), checkpoint_error);
+  };
+  // one vector fewer here: the file's section count is a sharded set's for this optimizer, and
+  // its layout is what tells them apart
+  refused([&](auto& o) { o.add_matrix(matrix(w.data(), g.data(), rows{8}, cols{21})); },
+          "registers 1 matrix and 1 vector, this optimizer 1 matrix and 0 vectors");
+  // one vector more here
+  refused(
+      [&](auto& o) {
+        o.add_matrix(matrix(w.data(), g.data(), rows{8}, cols{21}));
+        o.add_vector(zenflow::vector(b.data(), gb.data(), 8));
+        o.add_vector(zenflow::vector(b2.data(), gb2.data(), 8));
+      },
+      "has 5 sections, this optimizer needs 6");
+  refused(
+      [&](auto& o) {
+        o.add_matrix(matrix(wh.data(), gh.data(), rows{8}, cols{21}).row_major().dtypes(dtype::bf16, dtype::bf16));
+        o.add_vector(zenflow::vector(b.data(), gb.data(), 8));
+      },
+      "matrix 0 is 8x21 (param f32, grad f32, column_contiguous) in the file, 8x21 (param bf16, grad bf16, "
+      "row_major) here");
+  refused(
+      [&](auto& o) {
+        o.add_matrix(matrix(w.data(), g.data(), rows{8}, cols{21}));
+        o.add_vector(zenflow::vector(b.data(), gh.data(), 8).dtypes(dtype::f32, dtype::bf16));
+      },
+      "vector 0 has 8 elements (param f32, grad f32) in the file, 8 (param f32, grad bf16) here");
+  // the same registrations in another kind of optimizer: its config differs in a key nobody set
+  zero_offload<> other{config{}};
+  other.add_matrix(matrix(w.data(), g.data(), rows{8}, cols{21}));
+  other.add_vector(zenflow::vector(b.data(), gb.data(), 8));
+  other.initialize();
+  CHECK_THROWS_WITH_AS(other.load(path),
+                       doctest::Contains("config differs: topk_ratio is 0.1 in the file, 0 here (zero_offload fixes it "
+                                         "at 0 and device_adam at 1: another kind of optimizer?)"),
+                       checkpoint_error);
+  std::remove(path.c_str());
+}

@@ -208,7 +208,7 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
 
   zf_test::thread_hub hub(R);
   std::vector<std::vector<unsigned char>> got(R);
-  std::vector<std::string> refused(R), refused_save(R);
+  std::vector<std::string> refused(R), refused_save(R), empty_path(R);
   const std::string path = std::string(ZF_TEST_TMP_DIR) + "/refused_set.ckpt";
   zf_test::on_ranks(hub, [&](int r) {
     model m;
@@ -231,6 +231,13 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
         }
         error_slot_space::left = 0;
       }
+      if (s == bad + 2) {  // an argument one rank alone refuses: every rank refuses, nothing written
+        try {
+          opt.save(r == 2 ? std::string() : path);
+        } catch (const std::exception& e) {
+          empty_path[std::size_t(r)] = e.what();
+        }
+      }
       opt.step();  // (at s == bad: the step again, once rank 1 cleared its error)
     }
     got[std::size_t(r)] = state_of(opt, m);
@@ -246,9 +253,12 @@ TEST_CASE("data parallel, ranks as threads: an error an earlier call left on one
   for (int r : {0, 2}) {
     CAPTURE(r);
     CHECK(refused_save[std::size_t(r)] ==
-          "zenflow: save() refused on every rank: another rank has an error left on its thread by an earlier call, "
-          "not zenflow's (it throws that error); nothing was changed");
+          "zenflow: save() refused on every rank: another rank refused its arguments, could not allocate the call's "
+          "host buffer or has an error left on its thread by an earlier call, not zenflow's (it throws that error); "
+          "nothing was changed");
   }
+  CHECK(empty_path[2] == "zenflow: save(): the path is empty");  // rank 2: its own refusal
+  for (int r : {0, 1}) CHECK(empty_path[std::size_t(r)] == refused_save[0]);
   CHECK_FALSE(std::filesystem::exists(path));  // nothing was written
   for (int r = 0; r < R; ++r) CHECK(got[std::size_t(r)] == want);  // as if the refused calls never were
 }

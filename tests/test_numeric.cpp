@@ -55,6 +55,9 @@ TEST_CASE("bfloat16 and float16 decode every bit pattern exactly") {
       REQUIRE(double(f) == rf);
       REQUIRE(std::signbit(f) == bool(h & 0x8000));  // -0 stays -0
     }
+    // the explicit conversions are the same decoding, bit for bit (NaNs included)
+    REQUIRE(zf_ref::bits(float(bfloat16::from_bits(std::uint16_t(h)))) == zf_ref::bits(b));
+    REQUIRE(zf_ref::bits(static_cast<float>(float16::from_bits(std::uint16_t(h)))) == zf_ref::bits(f));
   }
 }
 
@@ -118,6 +121,10 @@ TEST_CASE("bfloat16 and float16 made from a float round like to_bfloat16 / to_fl
   CHECK(bfloat16(0.02f).bits == 0x3ca4);  // 0.02 -> 0.0200195..., not zero
   CHECK(bfloat16::from_bits(0x3ca4).bits == 0x3ca4);
   CHECK(to_float(float16::from_bits(0x3c00)) == 1.0f);
+  // back to float only explicitly: an implicit conversion would let a 16-bit value slip into
+  // float arithmetic (and overload resolution) unseen
+  static_assert(std::is_constructible_v<float, bfloat16> && !std::is_convertible_v<bfloat16, float>);
+  static_assert(std::is_constructible_v<float, float16> && !std::is_convertible_v<float16, float>);
   std::vector<bfloat16> zeros(4);  // value-initialised: zero bits, as before
   for (bfloat16 z : zeros) CHECK(z.bits == 0);
 }

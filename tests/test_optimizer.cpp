@@ -86,3 +86,13 @@ TEST_CASE("uploads ahead: the setting is read at initialize(), and changing it l
   CHECK(opt.transport().uploads_ahead());
   CHECK_NOTHROW(opt.step());
 }
+
+TEST_CASE("an optimizer made without a config has the documented defaults, as zero_offload and device_adam") {
+  optimizer<> o;
+  CHECK(o.get_config() == config{});
+  CHECK(o.get_config().topk_ratio == 0.1);
+  zero_offload<> z;
+  device_adam<> d;
+  CHECK(z.get_config().topk_ratio == 0.0);
+  CHECK(d.get_config().topk_ratio == 1.0);
+}

@@ -255,12 +255,14 @@ inline double json_number(const json::value& v, const std::string& key) {
   return json_expect(v, json::kind::number, key).number;
 }
 
-inline std::uint32_t json_uint32(const json::value& v, const std::string& key) {
+// (what the key takes, for the message: an interval's 0 is refused by validate(), in its words)
+inline std::uint32_t json_uint32(const json::value& v, const std::string& key,
+                                 const char* takes = "an integer in [0, 4294967295]") {
   const double x = json_number(v, key);
-  if (!(x >= 0.0 && x <= 4294967295.0 && x == std::floor(x)))
-    json_bad(key, "must be an integer in [0, 4294967295], got " + v.text);
+  if (!(x >= 0.0 && x <= 4294967295.0 && x == std::floor(x))) json_bad(key, std::string("must be ") + takes + ", got " + v.text);
   return std::uint32_t(x);
 }
+inline constexpr const char* interval_takes = "an integer in [1, 4294967295] or \"auto\"";
 
 inline const std::string& json_string(const json::value& v, const std::string& key) {
   return json_expect(v, json::kind::string, key).text;
@@ -316,7 +318,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
       if (v->text != "auto") json_bad(key("update_interval"), "must be an integer or \"auto\", got \"" + v->text + "\"");
       c.update_interval = interval::auto_();
     } else {
-      c.update_interval = interval::every(json_uint32(*v, key("update_interval")));
+      c.update_interval = interval::every(json_uint32(*v, key("update_interval"), interval_takes));
     }
   }
   if ((v = block.find("full_warm_up_rounds"))) c.full_warm_up_rounds = json_uint32(*v, key("full_warm_up_rounds"));
@@ -409,7 +411,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
     } else {
       if (!sel) json_bad(key("select_interval"), "must be given (an integer) with select_strategy \"" + strat + "\"");
       if (sel_auto) json_bad(key("select_interval"), "\"auto\" needs select_strategy \"auto\", got \"" + strat + "\"");
-      const std::uint32_t n = json_uint32(*sel, key("select_interval"));
+      const std::uint32_t n = json_uint32(*sel, key("select_interval"), strat == "step" ? interval_takes : "an integer in [1, 4294967295]");
       if (strat == "step") {
         c.select_interval = interval::every(n);
       } else {
@@ -447,6 +449,15 @@ inline config config_from_deepspeed_doc(const json::value& doc, config c) {
   detail::apply_zenflow_block(c, *block, "zero_optimization.zenflow");
   if (const auto* opt = doc.find("optimizer")) {
     detail::json_expect(*opt, kind::object, "optimizer");
+    // (strict, as the blocks below: a misspelt "params" would lose the learning rate unseen;
+    // legacy_fusion is DeepSpeed's choice of a fused implementation, nothing zenflow computes)
+    for (const auto& k : opt->keys)
+      if (k != "type" && k != "params" && k != "legacy_fusion") {
+        std::string shown;
+        detail::json::write_string(shown, k);
+        throw config_error("zenflow config: unknown key " + shown + " in optimizer (known: type, params, legacy_fusion)");
+      }
+    if (const auto* fusion = opt->find("legacy_fusion")) detail::json_expect(*fusion, kind::boolean, "optimizer.legacy_fusion");
     bool adamw = true, type_adamw = false;
     if (const auto* type = opt->find("type")) {
       std::string t = detail::json_string(*type, "optimizer.type");

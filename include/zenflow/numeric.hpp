@@ -13,13 +13,15 @@ namespace zenflow {
 
 // Storage-only 16-bit formats. Layout-compatible with __nv_bfloat16 / __half, so a user's
 // device buffers can be passed with a reinterpret_cast. Made from a float they round to nearest
-// even (bfloat16(0.02f)); from raw bits only through from_bits(). Anything else does not
+// even (bfloat16(0.02f)); from raw bits only through from_bits(); back to float exactly with
+// float(h) (explicit, as to_float(h)). Anything else does not
 // compile: a double would round twice, and an integer or braces used to be read as raw bits
 // (bfloat16{0.02f} and bfloat16(0.02f) were the bits 0, i.e. zero).
 struct bfloat16 {
   std::uint16_t bits;
   bfloat16() = default;  // trivial, like float (std::vector<bfloat16>(n) is zeros)
   ZF_HD explicit bfloat16(float x) noexcept;
+  ZF_HD explicit operator float() const noexcept;  // exact (to_float): float(h), static_cast<float>(h)
   template <class T>
     requires(!std::is_same_v<std::remove_cvref_t<T>, bfloat16>)
   bfloat16(T) = delete;
@@ -33,6 +35,7 @@ struct float16 {
   std::uint16_t bits;
   float16() = default;
   ZF_HD explicit float16(float x) noexcept;
+  ZF_HD explicit operator float() const noexcept;  // exact (to_float): float(h), static_cast<float>(h)
   template <class T>
     requires(!std::is_same_v<std::remove_cvref_t<T>, float16>)
   float16(T) = delete;
@@ -178,6 +181,8 @@ ZF_HD ZF_FORCEINLINE float16 to_float16(float x) noexcept {
 
 ZF_HD inline bfloat16::bfloat16(float x) noexcept : bits(to_bfloat16(x).bits) {}
 ZF_HD inline float16::float16(float x) noexcept : bits(to_float16(x).bits) {}
+ZF_HD inline bfloat16::operator float() const noexcept { return to_float(*this); }
+ZF_HD inline float16::operator float() const noexcept { return to_float(*this); }
 
 template <class To> ZF_HD ZF_FORCEINLINE To from_float(float x) noexcept;
 template <> ZF_HD ZF_FORCEINLINE float from_float<float>(float x) noexcept { return x; }

@@ -167,7 +167,7 @@ class optimizer {
   // sharded_reduction) rather than all-reducing every gradient.
   static constexpr bool reduce_scatters = sharded_reduction;
 
-  explicit optimizer(const config& cfg)
+  explicit optimizer(const config& cfg = {})
     requires std::default_initializable<Communicator>
       : cfg_(checked(cfg)), host_(cfg.host_threads) {}
   // Data parallel: `comm` reduces every rank's gradients before each step (communicator.hpp).
@@ -504,10 +504,15 @@ class optimizer {
   void save(const std::string& path) {
     if (!initialized_) fail("save() before initialize()");
     enter();
-    enter_collective("save()", [&] {
-      check_usable();  // never a checkpoint of a state a failed step left half-changed
-      quiesce();
-    });
+    enter_collective(
+        "save()",
+        [&] {
+          check_usable();  // never a checkpoint of a state a failed step left half-changed
+          quiesce();
+        },
+        [&] {
+          if (path.empty()) fail("save(): the path is empty");
+        });
     detail::optimizer_checkpoint<optimizer>::save(*this, path);
   }
 

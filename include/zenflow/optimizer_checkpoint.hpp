@@ -537,6 +537,19 @@ struct optimizer_checkpoint {
   // place while loading) fails the second pass's checksums, or their comparison with the first
   // pass's (a rewrite with another valid checkpoint of the same shape): the state is then half-restored,
   // and the optimizer refuses further work until a load succeeds.
+  // A registration's dtypes (and layout) as a message names them; a value no zenflow writes, as
+  // its number.
+  static std::string describe(std::uint8_t param_type, std::uint8_t grad_type, int layout = -1) {
+    auto type = [](std::uint8_t t) {
+      return t <= std::uint8_t(dtype::f16) ? std::string(name_of(dtype(t))) : "dtype " + std::to_string(t);
+    };
+    std::string s = "param " + type(param_type) + ", grad " + type(grad_type);
+    if (layout == int(matrix_layout::column_contiguous)) s += ", column_contiguous";
+    else if (layout == int(matrix_layout::row_major)) s += ", row_major";
+    else if (layout >= 0) s += ", layout " + std::to_string(layout);
+    return s;
+  }
+
   static void load(Opt& o, ckpt::input& in) {
     auto bad = [&](const std::string& why) -> void { in.fail(why); };
     const std::size_t nm = o.matrices_.size(), nv = o.vectors_.size();
@@ -553,6 +566,23 @@ struct optimizer_checkpoint {
     auto small = [&](std::size_t index, std::uint32_t t, const char* what, std::uint64_t cap) {
       const ckpt::section_header h = ckpt::read_section_header(in, index);
       if (h.tag != t) bad("section " + std::to_string(index) + " should be the " + what + " section");
+      if (h.len > cap && t == ckpt::layout_tag && h.len >= 16) {
+        // a layout longer than this optimizer's can be: a file of more tensors (one more vector
+        // than here looks like a sharded set's section count); its counts, for the message, from
+        // its first field and its length (only the message uses them: the file is refused)
+        unsigned char head[8];
+        ckpt::section_in r(in, h.len, index);
+        r.bytes(head, sizeof head);
+        ckpt::reader rh(head, sizeof head, what);
+        const std::uint64_t fm = rh.get<std::uint64_t>();
+        auto tensors = [](std::uint64_t m, std::uint64_t v) {
+          return std::to_string(m) + (m == 1 ? " matrix and " : " matrices and ") + std::to_string(v) +
+                 (v == 1 ? " vector" : " vectors");
+        };
+        if (fm <= (h.len - 16) / 27 && (h.len - 16 - 27 * fm) % 10 == 0)
+          bad("registers " + tensors(fm, (h.len - 16 - 27 * fm) / 10) + ", this optimizer " + tensors(nm, nv) +
+              " (a different number of registered parameters)");
+      }
       if (h.len > cap) bad(std::string(what) + " section has the wrong size");
       std::vector<unsigned char> data(std::size_t(h.len));
       ckpt::section_in r(in, h.len, index);
@@ -579,19 +609,19 @@ struct optimizer_checkpoint {
       const auto k = rl.get<std::uint64_t>();
       if (rows != p.rows || cols != p.cols || pt != std::uint8_t(p.param_type) || gt != std::uint8_t(p.grad_type) ||
           lo != std::uint8_t(p.layout) || k != o.updater_.matrix(i).k)
-        bad("matrix " + std::to_string(i) + " is " + std::to_string(rows) + "x" + std::to_string(cols) +
-            " (param dtype " + std::to_string(pt) + ", grad dtype " + std::to_string(gt) + ", layout " +
-            std::to_string(lo) + ") in the file, " + std::to_string(p.rows) + "x" + std::to_string(p.cols) +
-            " (" + std::to_string(int(p.param_type)) + ", " + std::to_string(int(p.grad_type)) + ", " +
-            std::to_string(int(p.layout)) + ") here");
+        bad("matrix " + std::to_string(i) + " is " + std::to_string(rows) + "x" + std::to_string(cols) + " (" +
+            describe(pt, gt, lo) + ") in the file, " + std::to_string(p.rows) + "x" + std::to_string(p.cols) + " (" +
+            describe(std::uint8_t(p.param_type), std::uint8_t(p.grad_type), std::uint8_t(p.layout)) + ") here");
     }
     if (rl.get<std::uint64_t>() != nv) bad("registers a different number of vectors");
     for (std::size_t i = 0; i < nv; ++i) {
       const auto n = rl.get<std::uint64_t>();
       const auto pt = rl.get<std::uint8_t>(), gt = rl.get<std::uint8_t>();
-      if (n != o.vectors_[i].n || pt != std::uint8_t(o.vectors_[i].param_type) || gt != std::uint8_t(o.vectors_[i].grad_type))
-        bad("vector " + std::to_string(i) + " has " + std::to_string(n) + " elements in the file, " +
-            std::to_string(o.vectors_[i].n) + " here (or other dtypes)");
+      const vector_param& v = o.vectors_[i];
+      if (n != v.n || pt != std::uint8_t(v.param_type) || gt != std::uint8_t(v.grad_type))
+        bad("vector " + std::to_string(i) + " has " + std::to_string(n) + " elements (" + describe(pt, gt) +
+            ") in the file, " + std::to_string(v.n) + " (" +
+            describe(std::uint8_t(v.param_type), std::uint8_t(v.grad_type)) + ") here");
     }
     rl.done();
     try {  // the file's lr under this optimizer's parameter groups (not stored in the file)
@@ -1047,6 +1077,13 @@ struct optimizer_checkpoint {
         bad(std::string("config differs: ") + key + " is " + detail::exact(file) + " " + f_name + ", " +
             detail::exact(here) + " " + here_name);
     };
+    // (a topk_ratio of 0 or 1 nobody set: the baselines fix it so, and a checkpoint or rank of
+    // one kind meets another)
+    if (f.topk_ratio != here.topk_ratio && (f.topk_ratio == 0 || f.topk_ratio == 1 || here.topk_ratio == 0 ||
+                                            here.topk_ratio == 1))
+      bad("config differs: topk_ratio is " + detail::exact(f.topk_ratio) + " " + f_name + ", " +
+          detail::exact(here.topk_ratio) + " " + here_name +
+          " (zero_offload fixes it at 0 and device_adam at 1: another kind of optimizer?)");
     differ("topk_ratio", f.topk_ratio, here.topk_ratio);
     differ("select_interval", f.select_interval.automatic ? -1.0 : double(f.select_interval.steps),
            here.select_interval.automatic ? -1.0 : double(here.select_interval.steps));
