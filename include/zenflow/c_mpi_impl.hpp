@@ -35,9 +35,6 @@ extern "C" zf_status zf_create_mpi(const char* kind, const char* config_json, MP
     all = every != 0;
     return ZF_OK;
   };
-  auto elsewhere = [](const char* what) {
-    return fail(ZF_INVALID_ARGUMENT, what);
-  };
   // 1. the arguments: the kind and the config, read and checked on each rank
   optimizer_kind k{};
   config cfg;
@@ -52,7 +49,7 @@ extern "C" zf_status zf_create_mpi(const char* kind, const char* config_json, MP
   if (const zf_status s = all_ranks(mine == ZF_OK, all); s != ZF_OK) return s;
   if (mine != ZF_OK) return mine;
   if (!all)
-    return elsewhere("zenflow: zf_create_mpi refused on every rank: another rank refused its kind or config (it "
+    return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create_mpi refused on every rank: another rank refused its kind or config (it "
                      "returned that error); no optimizer was made");
   // 2. the optimizer: the communicator first (its duplicate of comm is a collective, which every
   // rank must reach whatever fails after it), then the rest, and a vote on whether every rank
@@ -67,7 +64,7 @@ extern "C" zf_status zf_create_mpi(const char* kind, const char* config_json, MP
     delete made;
     if (s != ZF_OK) return s;
     if (mine != ZF_OK) return mine;
-    return elsewhere("zenflow: zf_create_mpi failed on another rank (it returned its error); no optimizer was made");
+    return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create_mpi failed on another rank (it returned its error); no optimizer was made");
   }
   *out = made;
   return ZF_OK;

@@ -528,15 +528,6 @@ struct optimizer_checkpoint {
     return f.commit();
   }
 
-  // Checks a checkpoint against this optimizer and, only if everything holds, restores it (see
-  // optimizer::load). Two passes over the input through bounded buffers: the first reads the
-  // header, the small sections (config, layout, counters; their sizes are known, so the file's
-  // total size is checked before any payload is read) and streams every payload through its
-  // checksum, keeping only what the checks need (column lists, counts); the second commits,
-  // reading each array straight into place. A file that changes between the passes (written in
-  // place while loading) fails the second pass's checksums, or their comparison with the first
-  // pass's (a rewrite with another valid checkpoint of the same shape): the state is then half-restored,
-  // and the optimizer refuses further work until a load succeeds.
   // A registration's dtypes (and layout) as a message names them; a value no zenflow writes, as
   // its number.
   static std::string describe(std::uint8_t param_type, std::uint8_t grad_type, int layout = -1) {
@@ -550,6 +541,15 @@ struct optimizer_checkpoint {
     return s;
   }
 
+  // Checks a checkpoint against this optimizer and, only if everything holds, restores it (see
+  // optimizer::load). Two passes over the input through bounded buffers: the first reads the
+  // header, the small sections (config, layout, counters; their sizes are known, so the file's
+  // total size is checked before any payload is read) and streams every payload through its
+  // checksum, keeping only what the checks need (column lists, counts); the second commits,
+  // reading each array straight into place. A file that changes between the passes (written in
+  // place while loading) fails the second pass's checksums, or their comparison with the first
+  // pass's (a rewrite with another valid checkpoint of the same shape): the state is then half-restored,
+  // and the optimizer refuses further work until a load succeeds.
   static void load(Opt& o, ckpt::input& in) {
     auto bad = [&](const std::string& why) -> void { in.fail(why); };
     const std::size_t nm = o.matrices_.size(), nv = o.vectors_.size();

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,18 +51,12 @@ zf_status voted(zf_optimizer* h, const char* call, zf_status mine, F&& f) noexce
   bool all = false;
   if (const zf_status s = guarded([&] { all = h->opt.all_agree(mine == ZF_OK); }); s != ZF_OK) return s;
   if (mine != ZF_OK) return mine;
-  if (!all) {
-    error_message& m = last_error();
-    try {
-      m.text = std::string("zenflow: ") + call +
-               " refused on every rank: another rank refused its arguments (it returned that error); nothing "
-               "was changed";
-      m.fixed = nullptr;
-    } catch (...) {
-      m.fixed = "zenflow: refused on every rank: another rank refused its arguments";
-    }
-    return ZF_INVALID_ARGUMENT;
-  }
+  if (!all)  // (ZF_INVALID_ARGUMENT with this message; out of memory building it, ZF_OUT_OF_MEMORY)
+    return guarded([&] {
+      throw std::invalid_argument(std::string("zenflow: ") + call +
+                                  " refused on every rank: another rank refused its arguments (it returned that "
+                                  "error); nothing was changed");
+    });
   return guarded(h->opt, std::forward<F>(f));
 }
 
