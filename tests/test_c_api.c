@@ -108,7 +108,7 @@ static void zenflow_trains_and_resumes(const char* path) {
   for (size_t i = 0; i < N; ++i) w[i] = 0;
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_COLUMN_CONTIGUOUS, NULL));
   OK(zf_set_lr(opt, 0.05f));
-  OK(zf_initialize(opt));
+  OK(zf_initialize_on_stream(opt, NULL)); /* (the host space: no stream, as zf_initialize) */
   const double before = loss(w);
   steps(opt, w, dw, 40);
   CHECK(loss(w) < 0.5 * before); /* it learns */
@@ -173,7 +173,9 @@ static void bad_calls(const char* dir) {
   CHECK(zf_set_group(opt, "no_decay") == ZF_INVALID_ARGUMENT); /* the config defines no group */
   CHECK(contains(zf_last_error(), "no parameter group \"no_decay\" (defined: none)"));
   OK(zf_add_matrix(opt, w, dw, R, C, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL));
-  OK(zf_initialize(opt));
+  CHECK(zf_initialize_on_stream(opt, (void*)&failures) == ZF_INVALID_ARGUMENT); /* no streams here */
+  CHECK(contains(zf_last_error(), "no streams"));
+  OK(zf_initialize(opt)); /* (the refused call changed nothing) */
   CHECK(zf_initialize(opt) == ZF_INVALID_ARGUMENT); /* twice */
   CHECK(zf_save(opt, "") == ZF_INVALID_ARGUMENT);    /* (not "cannot rename ... to ") */
   CHECK(contains(zf_last_error(), "save(): the path is empty"));
@@ -205,6 +207,17 @@ static void bad_calls(const char* dir) {
   memset(db, 0, sizeof db);
   CHECK(zf_add_vector(opt, b, db, V, ZF_F32, ZF_F32, NULL) == ZF_INVALID_ARGUMENT); /* after it */
   CHECK(contains(zf_last_error(), "initialize"));
+  /* the stream variants: the host space has no streams, so only NULL, and then as without */
+  CHECK(zf_step_on_stream(opt, (void*)&failures, 1.0f, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), "this optimizer's space has no streams; pass no stream"));
+  {
+    zf_stats before, after;
+    int applied = -1;
+    OK(zf_stats_get(opt, &before, sizeof before));
+    OK(zf_step_on_stream(opt, NULL, 1.0f, &applied));
+    OK(zf_stats_get(opt, &after, sizeof after));
+    CHECK(applied == 1 && after.steps == before.steps + 1);
+  }
   CHECK(zf_step(opt, -1.0f, NULL) == ZF_INVALID_ARGUMENT);
   CHECK(contains(zf_last_error(), "grad_scale must be finite and > 0"));
   dw[3] = NAN;

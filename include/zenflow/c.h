@@ -1,7 +1,8 @@
 /* zenflow's C API: the optimizer for trainers written in C (or any language with a C FFI),
- * on the host space. An opaque handle created from a kind and a JSON config; every call returns a
- * status code and never throws or aborts; the message of the last failing call on the calling
- * thread is zf_last_error(). Link the zenflow::c library (CMake), or compile
+ * on the host space (on a GPU: <zenflow/c_cuda.h>; data parallel over MPI: <zenflow/c_mpi.h>).
+ * An opaque handle created from a kind and a JSON config; every call returns a status code and
+ * never throws or aborts; the message of the last failing call on the calling thread is
+ * zf_last_error(). Link the zenflow::c library (CMake), or compile
  * <zenflow/c_impl.hpp> into one C++ file of your own. C11 and C++.
  *
  *   zf_optimizer* opt;
@@ -100,6 +101,12 @@ zf_status zf_initialize(zf_optimizer* opt) ZF_NOEXCEPT;
  * *applied (may be NULL) is 1 if the step was applied, 0 if skipped (a non-finite or overflowing
  * gradient: nothing changed). */
 zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) ZF_NOEXCEPT;
+/* zf_initialize and zf_step with the space's stream: for an optimizer on a GPU (<zenflow/c_cuda.h>)
+ * the trainer's cudaStream_t as void* (NULL: the default stream), which the calls without a
+ * stream then keep using; an optimizer on the host space has no streams and takes only NULL
+ * (anything else is ZF_INVALID_ARGUMENT). */
+zf_status zf_initialize_on_stream(zf_optimizer* opt, void* stream) ZF_NOEXCEPT;
+zf_status zf_step_on_stream(zf_optimizer* opt, void* stream, float grad_scale, int* applied) ZF_NOEXCEPT;
 zf_status zf_synchronize(zf_optimizer* opt) ZF_NOEXCEPT;
 zf_status zf_set_lr(zf_optimizer* opt, float lr) ZF_NOEXCEPT;
 /* The counters, into the out_size bytes at out: pass sizeof(zf_stats). The library writes the

@@ -90,6 +90,19 @@ zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) noexcept {
   });
 }
 
+zf_status zf_initialize_on_stream(zf_optimizer* opt, void* stream) noexcept {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded(opt->opt, [&] { opt->opt.initialize(stream); });
+}
+
+zf_status zf_step_on_stream(zf_optimizer* opt, void* stream, float grad_scale, int* applied) noexcept {
+  ZF_C_HANDLE(opt);
+  return zenflow::c_api::guarded(opt->opt, [&] {
+    const zenflow::step_info info = opt->opt.step(stream, grad_scale);
+    if (applied) *applied = info.skipped ? 0 : 1;
+  });
+}
+
 zf_status zf_synchronize(zf_optimizer* opt) noexcept {
   ZF_C_HANDLE(opt);
   return zenflow::c_api::guarded(opt->opt, [&] { opt->opt.synchronize(); });
