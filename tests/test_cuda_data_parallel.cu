@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -104,4 +105,41 @@ TEST_CASE("data parallel on one GPU: R ranks through host-memory collectives equ
       CHECK(x.skipped == ref.skipped);
       CHECK(x.state == ref.state);
     }
+}
+
+namespace {
+// A hub communicator that says which GPU it is bound to, as nccl_communicator does (device()).
+struct hub_on_device : hub_communicator {
+  hub_on_device(hub& h, int rank, int device) : hub_communicator(h, rank), gpu(device) {}
+  int device() const noexcept { return gpu; }
+  int gpu;
+};
+static_assert(communicator_policy<hub_on_device>);
+}  // namespace
+
+// A communicator bound to another GPU than the optimizer's would run its collectives on this
+// GPU's buffers from there: initialize() refuses it, naming both GPUs, and builds nothing; the
+// same communicator on the optimizer's GPU is accepted. (One GPU suffices: the claim is the
+// communicator's.)
+TEST_CASE("a communicator on another GPU than the optimizer's is refused at initialize()" * doctest::skip(!has_gpu())) {
+  int current = 0;
+  ZF_CUDA_TRY(cudaGetDevice(&current));
+  hub h(1);
+  model m(true);
+  {
+    dp_optimizer<hub_on_device> opt(test_config(reduce_op::mean, false), hub_on_device(h, 0, current + 1));
+    m.add_to(opt);
+    const std::string what = "zenflow: initialize(): the communicator is on GPU " + std::to_string(current + 1) +
+                             ", the optimizer on GPU " + std::to_string(current);
+    CHECK_THROWS_WITH_AS(opt.initialize(), doctest::Contains(what.c_str()), std::invalid_argument);
+    CHECK_FALSE(opt.initialized());
+  }
+  dp_optimizer<hub_on_device> opt(test_config(reduce_op::mean, false), hub_on_device(h, 0, current));
+  m.add_to(opt);
+  opt.initialize();
+  CHECK(opt.initialized());
+  model::up(m.dg0, m.g0);  // (zero gradients: a finite step)
+  model::up(m.dg1, m.g1);
+  model::up(m.dg2, m.g2);
+  CHECK_FALSE(opt.step().skipped);
 }

@@ -78,6 +78,7 @@ class nccl_communicator {
     // (the vote itself needs the flag). On the communicator's device.
     int dev = 0, was = 0;
     check(ncclCommCuDevice(comm_, &dev), "ncclCommCuDevice");
+    device_ = dev;
     ZF_CUDA_TRY(cudaGetDevice(&was));
     if (dev != was) ZF_CUDA_TRY(cudaSetDevice(dev));
     try {
@@ -90,8 +91,9 @@ class nccl_communicator {
     if (dev != was) ZF_CUDA_TRY(cudaSetDevice(was));
   }
   nccl_communicator(nccl_communicator&& o) noexcept
-      : comm_(std::exchange(o.comm_, nullptr)), stream_(o.stream_), rank_(o.rank_), size_(o.size_), sent_(o.sent_),
-        lim_(o.lim_), pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)), at_(std::move(o.at_)) {}
+      : comm_(std::exchange(o.comm_, nullptr)), stream_(o.stream_), rank_(o.rank_), size_(o.size_),
+        device_(o.device_), sent_(o.sent_), lim_(o.lim_), pieces_(std::move(o.pieces_)), flag_(std::move(o.flag_)),
+        at_(std::move(o.at_)) {}
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator& operator=(nccl_communicator&&) = delete;
@@ -112,6 +114,9 @@ class nccl_communicator {
  public:
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  // The GPU the communicator was made on (ncclCommCuDevice): the optimizer's initialize() refuses
+  // a space on another one.
+  int device() const noexcept { return device_; }
   std::uint64_t bytes_sent() const noexcept { return sent_; }
   // The device memory it keeps between calls (the ranks' pieces of a shard, the vote's flag; in
   // the optimizer's stats().device_bytes).
@@ -284,7 +289,7 @@ class nccl_communicator {
 
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, device_ = 0;
   std::uint64_t sent_ = 0;
   limits lim_;
   device_array<float> pieces_;  // the ranks' pieces of my shard

@@ -318,7 +318,8 @@ class optimizer {
     }
     return guarded([&] { return step_checked(grad_scale); });
   }
-  // Finishes any host update in flight and makes its result visible in the params.
+  // Finishes any host update in flight and makes its result visible in the params (on the CUDA
+  // space: the uploads enqueued on the optimizer's stream, current in that stream's order).
   void synchronize() {
     if (!initialized_) fail("synchronize() before initialize()");
     enter();
@@ -1364,6 +1365,18 @@ class optimizer {
       buffers_.for_each([&](const void* p, std::size_t bytes, const std::string& who) {
         space_.check_registered_memory(p, bytes, who);
       });
+    // a communicator bound to a GPU (nccl_communicator) must be on the space's: its collectives
+    // would otherwise read and write this GPU's buffers from another one (a CUDA or NCCL error
+    // at the first step, naming neither)
+    if constexpr (requires(const Communicator& c, const Space& s) {
+                    { c.device() } -> std::convertible_to<int>;
+                    { s.device() } -> std::convertible_to<int>;
+                  })
+      if (comm_.device() != space_.device())
+        throw std::invalid_argument("zenflow: initialize(): the communicator is on GPU " + std::to_string(comm_.device()) +
+                                    ", the optimizer on GPU " + std::to_string(space_.device()) +
+                                    " (the GPU current when initialize() ran, unless the cuda_space was given one): "
+                                    "make the communicator's GPU current first");
     if constexpr (requires { updater_.reserve(std::size_t{}, std::size_t{}); })
       updater_.reserve(matrices_.size(), vectors_.size());
     if constexpr (requires { host_.reserve(std::size_t{}); }) host_.reserve(matrices_.size());

@@ -544,21 +544,25 @@ __device__ __forceinline__ void update_block(const update_segment& s, std::uint6
   }
 }
 
+// Work block x of `total` (a selected column, or a vector chunk) in block x % gridDim.x: one each
+// but where total exceeds the grid's limit (over 2^31 - 1 selected columns).
 template <int = 0>
-__global__ void __launch_bounds__(256) fused_update(const update_segment* segs, int nseg, float factor) {
-  const std::uint64_t x = blockIdx.x;
-  const update_segment s = segs[find_segment(segs, nseg, x, [](const update_segment& u) { return u.block0; })];
-  const std::uint64_t b = x - s.block0;
-  switch (int(s.ptype) * 3 + int(s.gtype)) {
-    case 0: return update_block<float, float>(s, b, factor);
-    case 1: return update_block<float, bfloat16>(s, b, factor);
-    case 2: return update_block<float, float16>(s, b, factor);
-    case 3: return update_block<bfloat16, float>(s, b, factor);
-    case 4: return update_block<bfloat16, bfloat16>(s, b, factor);
-    case 5: return update_block<bfloat16, float16>(s, b, factor);
-    case 6: return update_block<float16, float>(s, b, factor);
-    case 7: return update_block<float16, bfloat16>(s, b, factor);
-    default: return update_block<float16, float16>(s, b, factor);
+__global__ void __launch_bounds__(256) fused_update(const update_segment* segs, int nseg, std::uint64_t total,
+                                                    float factor) {
+  for (std::uint64_t x = blockIdx.x; x < total; x += gridDim.x) {
+    const update_segment s = segs[find_segment(segs, nseg, x, [](const update_segment& u) { return u.block0; })];
+    const std::uint64_t b = x - s.block0;
+    switch (int(s.ptype) * 3 + int(s.gtype)) {
+      case 0: update_block<float, float>(s, b, factor); break;
+      case 1: update_block<float, bfloat16>(s, b, factor); break;
+      case 2: update_block<float, float16>(s, b, factor); break;
+      case 3: update_block<bfloat16, float>(s, b, factor); break;
+      case 4: update_block<bfloat16, bfloat16>(s, b, factor); break;
+      case 5: update_block<bfloat16, float16>(s, b, factor); break;
+      case 6: update_block<float16, float>(s, b, factor); break;
+      case 7: update_block<float16, bfloat16>(s, b, factor); break;
+      default: update_block<float16, float16>(s, b, factor); break;
+    }
   }
 }
 
@@ -879,7 +883,8 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     }
     ZF_CUDA_TRY(cudaMemcpyAsync(upd_segs_.data(), u, nseg * sizeof(*u), cudaMemcpyHostToDevice, stream_));
     space.record(tables_copied_);
-    cuda_kernels::fused_update<<<unsigned(blocks), 256, 0, stream_>>>(upd_segs_.data(), int(nseg), factor);
+    cuda_kernels::fused_update<<<unsigned(blocks < cuda_kernels::max_grid_x ? blocks : cuda_kernels::max_grid_x), 256,
+                                 0, stream_>>>(upd_segs_.data(), int(nseg), std::uint64_t(blocks), factor);
     ZF_CUDA_CHECK_LAUNCH("fused_update");
   }
 

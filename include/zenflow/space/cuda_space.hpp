@@ -80,10 +80,15 @@ namespace cuda_kernels {
 
 inline constexpr unsigned threads = 256;
 
-// Blocks for n items at `per_block` items per block, at least 1.
+// The grid's limit in x (blocks).
+inline constexpr unsigned max_grid_x = 0x7fffffffu;
+
+// Blocks for n items at `per_block` items per block, at least 1, at most max_grid_x (the
+// kernels launched with more items than that covers loop over them, or take sizes that cannot
+// reach it: a matrix's columns, a line's length).
 inline unsigned blocks_for(std::size_t n, std::size_t per_block) {
   const std::size_t b = (n + per_block - 1) / per_block;
-  return unsigned(b ? b : 1);
+  return b == 0 ? 1u : b < max_grid_x ? unsigned(b) : max_grid_x;
 }
 
 template <class F>
@@ -109,7 +114,6 @@ struct word<4> {
 // of the compact [n][rows] array (blocks k, k + gridDim.x, ... when n exceeds the grid). Gather:
 // in -> out[k]; scatter: in[k] -> out. 16-byte words where both sides are 16-byte aligned (rows a
 // multiple of 8 for 16-bit data), else elements.
-inline constexpr unsigned max_grid_x = 0x7fffffffu;
 template <class W, bool Scatter>
 __global__ void columns_contiguous(const W* __restrict__ in, W* __restrict__ out, std::size_t rows,
                                    const std::uint32_t* __restrict__ list, std::size_t n) {
