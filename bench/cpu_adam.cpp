@@ -8,7 +8,8 @@
 //            [--versus TIER]
 // (--isa: the best tier the CPU has unless given.) --versus adds lines timing the kernels that
 // round to bf16 on --isa's tier and on TIER alternately, on the same buffers: "speedup" is
-// TIER's median time over the tier's.
+// TIER's median time over the tier's. A rank_sum line times the data-parallel reduction's sum
+// (4 ranks' bf16 pieces) on the arena against the calling thread alone ("speedup").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -194,6 +195,35 @@ int main(int argc, char** argv) try {
             "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
             "\"roofline_gbps\":%.4g,\"ratio\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
             c.name, n, t, sk, gb / sk, gb / sr, sr / sk, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
+        std::fflush(stdout);
+      }
+      // The data-parallel reduction's sum (sum_in_rank_order: 4 ranks' bf16 pieces, 8 bytes read
+      // and 2 written an element) on the arena against the calling thread alone, alternately on
+      // the same buffers: "speedup" is the calling thread's median time over the arena's.
+      {
+        constexpr std::size_t R = 4;
+        host_array<bfloat16> pieces(R * n), out(n);
+        parallel_blocks(arena, R * n, [&](std::size_t b, std::size_t e) {
+          for (std::size_t i = b; i < e; ++i) pieces[i] = work.g16[i % n];
+        });
+        parallel_blocks(arena, n, [&](std::size_t b, std::size_t e) {
+          for (std::size_t i = b; i < e; ++i) out[i] = bfloat16{};
+        });
+        std::vector<double> ta, ts;
+        for (int r = -1; r < reps; ++r)
+          for (int which = 0; which < 2; ++which) {
+            const bool alone = (which == 1) ^ (r % 2 != 0);
+            const auto t0 = std::chrono::steady_clock::now();
+            sum_in_rank_order(alone ? nullptr : &arena, pieces.data(), dtype::bf16, R, n, true, out.data(), tier);
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (r >= 0) (alone ? ts : ta).push_back(dt);
+          }
+        const double sa = median(ta), ss = median(ts);
+        const double gb = double(2 * R + 2) * double(n) / 1e9;
+        std::printf(
+            "{\"kernel\":\"rank_sum_bf16_r4\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
+            "\"calling_thread_seconds\":%.6g,\"speedup\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
+            n, t, sa, gb / sa, ss, ss / sa, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
         std::fflush(stdout);
       }
       if (!versus) continue;

@@ -26,6 +26,8 @@
 #include <sys/resource.h>
 #endif
 
+#include <oneapi/tbb/info.h>
+
 #include <zenflow/zenflow.hpp>
 
 #include "data_parallel_model.hpp"
@@ -129,6 +131,77 @@ TEST_CASE("data parallel, ranks as threads: R ranks equal one process fed the re
           }
         }
       }
+}
+
+namespace {
+// A hub communicator with use_arena, as mpi_communicator has: it notes what it is lent, and
+// whether each reduction call found an arena lent.
+struct lending_hub : zf_test::hub_communicator {
+  using zf_test::hub_communicator::hub_communicator;
+  void use_arena(tbb::task_arena* a) noexcept {
+    lent = a;
+    if (a) {
+      ++lendings;
+      concurrency = a->max_concurrency();
+    }
+  }
+  void reduce(float* data, std::size_t n, reduce_op op) {
+    ++(lent ? reduced_lent : reduced_alone);
+    zf_test::hub_communicator::reduce(data, n, op);
+  }
+  void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
+    ++(lent ? reduced_lent : reduced_alone);
+    zf_test::hub_communicator::reduce_scatter(data, counts, op);
+  }
+  tbb::task_arena* lent = nullptr;
+  int lendings = 0, concurrency = 0, reduced_lent = 0, reduced_alone = 0;
+};
+}  // namespace
+
+// An optimizer over the host space lends a communicator with use_arena its space's arena (the
+// device-side threads: all cores by default, not the host updates' host_threads) for each
+// step's reduction, and takes it back after the step, a skipped one too — the communicator
+// never keeps a pointer into an optimizer that may move. The state is the same as without.
+TEST_CASE("data parallel, ranks as threads: the reduction runs on the space's arena, lent for the step only") {
+  const int R = 2, steps = 5;
+  config cfg = test_config(true);
+  cfg.host_threads = unsigned(tbb::info::default_concurrency()) + 1;  // (another size than the space's)
+  gradient_source src;
+  src.nan_rank = 1;
+  src.nan_step = 3;
+  const auto want = threads_run<zf_test::hub_communicator>(R, cfg, src, steps);
+  std::vector<std::vector<unsigned char>> states(R);
+  {
+    zf_test::thread_hub hub(R);
+    std::vector<int> lendings(R), concurrency(R), lent(R), alone(R), kept(R), skipped(R);
+    zf_test::on_ranks(hub, [&](int r) {
+      model m;
+      thread_optimizer<lending_hub> opt(cfg, lending_hub(hub, r));
+      m.add_to(opt);
+      opt.initialize();
+      for (int s = 0; s < steps; ++s) {
+        src.fill_all(m, s, r, 0, reduce_op::mean);
+        skipped[std::size_t(r)] += opt.step().skipped;
+        kept[std::size_t(r)] += opt.communicator().lent != nullptr;
+      }
+      const lending_hub& c = opt.communicator();
+      lendings[std::size_t(r)] = c.lendings;
+      concurrency[std::size_t(r)] = c.concurrency;
+      lent[std::size_t(r)] = c.reduced_lent;
+      alone[std::size_t(r)] = c.reduced_alone;
+      states[std::size_t(r)] = state_of(opt, m);
+    });
+    for (std::size_t r = 0; r < std::size_t(R); ++r) {
+      CAPTURE(r);
+      CHECK(skipped[r] == 1);
+      CHECK(lendings[r] == steps);  // once a step, the skipped one too
+      CHECK(kept[r] == 0);          // and back after each
+      CHECK(concurrency[r] == tbb::info::default_concurrency());
+      CHECK(lent[r] >= 2 * steps);  // (a reduce-scatter and an all-reduce a step at least)
+      CHECK(alone[r] == 0);
+      CHECK(states[r] == want[r].state);
+    }
+  }
 }
 
 TEST_CASE("data parallel, ranks as threads: a set saved by 3 ranks resumes on 2 ranks and in one process, bit-exact") {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -242,4 +243,92 @@ TEST_CASE("convert rejects bad arguments and leaves the destination alone") {
                        "zenflow: src and dst overlap", std::invalid_argument);
   for (auto v : dst) CHECK(v == 7);
   convert(arena, {nullptr, dtype::f32, nullptr, dtype::bf16}, 0);  // empty: a no-op, not an error
+}
+
+// The data-parallel reduction's arithmetic (host::sum_in_rank_order): R pieces widened exactly,
+// summed in rank order in fp32, divided by R for the mean, rounded to the pieces' dtype. Against
+// the formats' definitions (tests/reference) element by element, on every tier, on the calling
+// thread and on arenas of 1 to 3 threads: exact equality, since each step is one correctly
+// rounded fp32 operation or the nearest-even rounding, nothing to tolerate. The values' exponents
+// span 2^-8..2^8 with both signs, so the fp32 sums carry more bits than a 16-bit dtype and
+// another order of the additions would round differently. n is past the size below which one
+// thread does it all (2^15), with a tail that is no multiple of a chunk or a vector.
+TEST_CASE("the ranks' pieces summed in rank order equal the reference on every tier and thread count") {
+  const std::size_t n = (std::size_t(1) << 15) + 3 * 4096 + 37;
+  zf_test::rng rng(11);
+  std::vector<float> base(4 * n);
+  for (float& x : base)
+    x = std::ldexp(float(rng.uniform(1.0, 2.0)), int(rng.uniform(-8.0, 9.0))) * (rng.uniform(0.0, 1.0) < 0.5 ? -1.0f : 1.0f);
+  const std::vector<unsigned> thread_counts = zf_test::quick_mode() ? std::vector<unsigned>{0, 2} : std::vector<unsigned>{0, 1, 2, 3};
+  std::size_t compared = 0;
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    CAPTURE(int(t));
+    const std::size_t es = size_of(t);
+    // the pieces in dtype t, and their exact values
+    std::vector<unsigned char> pieces(base.size() * es);
+    std::vector<float> wide(base.size());
+    for (std::size_t i = 0; i < base.size(); ++i) {
+      if (t == dtype::f32) {
+        std::memcpy(&pieces[i * 4], &base[i], 4);
+        wide[i] = base[i];
+      } else {
+        const std::uint16_t h = t == dtype::bf16 ? zf_ref::bf16_round(base[i]) : zf_ref::f16_round(base[i]);
+        std::memcpy(&pieces[i * 2], &h, 2);
+        wide[i] = float(t == dtype::bf16 ? zf_ref::bf16_value(h) : zf_ref::f16_value(h));
+      }
+    }
+    for (std::size_t R = 1; R <= 4; ++R)
+      for (bool mean : {false, true}) {
+        CAPTURE(R);
+        CAPTURE(mean);
+        std::vector<unsigned char> want(n * es);
+        for (std::size_t i = 0; i < n; ++i) {
+          float s = wide[i];
+          for (std::size_t r = 1; r < R; ++r) s += wide[r * n + i];
+          if (mean) s /= float(R);
+          if (t == dtype::f32) std::memcpy(&want[i * 4], &s, 4);
+          else {
+            const std::uint16_t h = t == dtype::bf16 ? zf_ref::bf16_round(s) : zf_ref::f16_round(s);
+            std::memcpy(&want[i * 2], &h, 2);
+          }
+        }
+        // (pieces of R ranks: the first R n elements; the buffer holds 4)
+        for (isa tier : zf_test::available_tiers())
+          for (unsigned threads : thread_counts) {
+            CAPTURE(name_of(tier));
+            CAPTURE(threads);
+            std::vector<unsigned char> out(n * es, 0xab);
+            if (threads == 0) {
+              sum_in_rank_order(nullptr, pieces.data(), t, R, n, mean, out.data(), tier);
+            } else {
+              tbb::task_arena arena{int(threads)};
+              sum_in_rank_order(&arena, pieces.data(), t, R, n, mean, out.data(), tier);
+            }
+            REQUIRE(out == want);
+            ++compared;
+          }
+      }
+  }
+  CHECK(compared == 3 * 4 * 2 * zf_test::available_tiers().size() * thread_counts.size());
+}
+
+TEST_CASE("sum_in_rank_order rejects bad arguments and leaves the destination alone") {
+  tbb::task_arena arena(1);
+  std::vector<float> pieces(32, 1.0f);
+  std::vector<float> out(16, 7.0f);
+  CHECK_THROWS_WITH_AS(sum_in_rank_order(&arena, pieces.data(), dtype::f32, 0, 16, false, out.data()),
+                       "zenflow: sum_in_rank_order of no pieces", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sum_in_rank_order(&arena, nullptr, dtype::f32, 2, 16, false, out.data()),
+                       "zenflow: pieces is null", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sum_in_rank_order(nullptr, pieces.data(), dtype::f32, 2, 16, false, nullptr),
+                       "zenflow: out is null", std::invalid_argument);
+  auto* odd = reinterpret_cast<float*>(reinterpret_cast<char*>(out.data()) + 2);
+  CHECK_THROWS_WITH_AS(sum_in_rank_order(&arena, pieces.data(), dtype::f32, 2, 8, false, odd),
+                       "zenflow: out is not aligned to its element size (4 bytes)", std::invalid_argument);
+  // the output inside the second rank's piece
+  CHECK_THROWS_WITH_AS(sum_in_rank_order(&arena, pieces.data(), dtype::f32, 2, 16, true, pieces.data() + 20),
+                       "zenflow: pieces and out overlap", std::invalid_argument);
+  for (float v : out) CHECK(v == 7.0f);
+  for (std::size_t i = 0; i < 16; ++i) CHECK(pieces[16 + i] == 1.0f);
+  sum_in_rank_order(&arena, nullptr, dtype::bf16, 3, 0, false, nullptr);  // empty: a no-op, not an error
 }

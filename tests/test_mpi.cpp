@@ -2121,6 +2121,67 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
   }
 }
 
+// The sums on a lent arena (use_arena, what the optimizer does each step): shards of over 2^15
+// elements, past which the sum is split across the arena's threads, in fp32 and bf16, reduce
+// and reduce_scatter, against the rank-order fp32 sum computed here element by element (bits),
+// and the same calls on the calling thread alone. The values' exponents span 2^-4..2^4, so
+// another order of the additions would round differently.
+TEST_CASE("data parallel: mpi_communicator sums on a lent arena's threads with the bits of the rank-order sum") {
+  const int R = ranks(), me = my_rank();
+  const std::size_t share = (std::size_t(1) << 15) + 4096 + 5;  // a rank's shard
+  const std::size_t n = share * std::size_t(R);
+  auto value = [](int r, std::size_t j) {
+    return std::ldexp(1.0f + float((j * 13 + std::size_t(r) * 5) % 17) / 32.0f, int((j + std::size_t(r) * 3) % 9) - 4) *
+           ((j + std::size_t(r)) % 3 ? 1.0f : -1.0f);
+  };
+  auto bf16 = [](float x) { return zf_ref::bf16_round(x); };
+  auto wide = [](std::uint16_t h) { return float(zf_ref::bf16_value(h)); };
+  tbb::task_arena arena(3);
+  for (bool lend : {true, false}) {
+    CAPTURE(lend);
+    mpi_communicator comm(MPI_COMM_WORLD);
+    comm.use_arena(lend ? &arena : nullptr);
+    for (reduce_op op : {reduce_op::sum, reduce_op::mean}) {
+      CAPTURE(int(op));
+      auto want32 = [&](std::size_t j) {
+        float x = value(0, j);
+        for (int r = 1; r < R; ++r) x += value(r, j);
+        return op == reduce_op::mean ? x / float(R) : x;
+      };
+      auto want16 = [&](std::size_t j) {
+        float x = wide(bf16(value(0, j)));
+        for (int r = 1; r < R; ++r) x += wide(bf16(value(r, j)));
+        return bf16(op == reduce_op::mean ? x / float(R) : x);
+      };
+      {  // reduce, fp32: every rank gets every element
+        std::vector<float> data(n);
+        for (std::size_t j = 0; j < n; ++j) data[j] = value(me, j);
+        comm.reduce(data.data(), n, op);
+        std::size_t bad = 0;
+        for (std::size_t j = 0; j < n; ++j) bad += zf_ref::bits(data[j]) != zf_ref::bits(want32(j));
+        CHECK(bad == 0);
+      }
+      {  // reduce, bf16
+        std::vector<std::uint16_t> data(n);
+        for (std::size_t j = 0; j < n; ++j) data[j] = bf16(value(me, j));
+        comm.reduce(data.data(), zenflow::dtype::bf16, n, op);
+        std::size_t bad = 0;
+        for (std::size_t j = 0; j < n; ++j) bad += data[j] != want16(j);
+        CHECK(bad == 0);
+      }
+      {  // reduce_scatter, bf16: equal segments, this rank's is elements [me share, (me + 1) share)
+        std::vector<std::uint16_t> data(n);
+        for (std::size_t j = 0; j < n; ++j) data[j] = bf16(value(me, j));
+        const std::vector<std::size_t> counts(std::size_t(R), share);
+        comm.reduce_scatter(data.data(), zenflow::dtype::bf16, counts.data(), op);
+        std::size_t bad = 0;
+        for (std::size_t j = std::size_t(me) * share; j < std::size_t(me + 1) * share; ++j) bad += data[j] != want16(j);
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("data parallel: mpi_communicator's reduce_scatter keeps its receive buffer within about twice the data") {
   // T = 1000 elements, all in the last rank's segment (what a matrix narrower than R, or a row
   // longer than a round, gives the optimizer's reduce-scatter). That rank receives its segment

@@ -6,8 +6,9 @@
 //
 // The reduction is deterministic: each rank owns a shard of the elements; the ranks' pieces of a
 // shard go to its owner (MPI_Alltoallv), which sums them in rank order in fp32
-// (detail::reduce_in_rank_order's arithmetic). reduce_scatter stops there (the optimizer makes
-// the shards the ranks' blocks of matrix columns: each rank sends (R - 1) / R of the matrices'
+// (detail::reduce_in_rank_order's arithmetic, host::sum_in_rank_order: on the threads of the
+// arena an optimizer lends it, use_arena). reduce_scatter stops there (the optimizer makes the
+// shards the ranks' blocks of matrix columns: each rank sends (R - 1) / R of the matrices'
 // gradient); reduce then gathers the reduced shards back on every rank (MPI_Allgatherv: 2 (R -
 // 1) / R in all). No MPI reduction operator is used, so the bits do not depend on the MPI
 // library's algorithm. mpi_allreduce_communicator (below) has no reduce_scatter.
@@ -44,7 +45,7 @@ class mpi_communicator {
   // The ranks of `comm` (duplicated: a collective call on every rank of it).
   explicit mpi_communicator(MPI_Comm comm) : mpi_communicator(comm, limits{}) {}
   mpi_communicator(mpi_communicator&& o) noexcept
-      : comm_(o.comm_), rank_(o.rank_), size_(o.size_), sent_(o.sent_), lim_(o.lim_) {
+      : comm_(o.comm_), rank_(o.rank_), size_(o.size_), sent_(o.sent_), lim_(o.lim_), arena_(o.arena_) {
     o.comm_ = MPI_COMM_NULL;
   }
   mpi_communicator(const mpi_communicator&) = delete;
@@ -124,7 +125,7 @@ class mpi_communicator {
       check(MPI_Alltoallv(bytes + off * es, counts, displs, wire_type(t), pieces_.data(), mine, mine_displs, wire_type(t),
                           comm_),
             "MPI_Alltoallv");
-      sum_in_rank_order(pieces_.data(), t, m, op, shard_.data());
+      host::sum_in_rank_order(arena_, pieces_.data(), t, R, m, op == reduce_op::mean, shard_.data());
       check(MPI_Allgatherv(shard_.data(), int(m), wire_type(t), bytes + off * es, counts, displs, wire_type(t), comm_),
             "MPI_Allgatherv");
       sent_ += ((len - m) + m * (R - 1)) * es;  // the others' pieces, then my shard to each
@@ -193,7 +194,7 @@ class mpi_communicator {
                           mine_.data(), mine_displs_.data(), wire_type(t), comm_),
             "MPI_Alltoallv");
       // (this round's piece of my segment was sent above and is not read again: written in place)
-      sum_in_rank_order(pieces_.data(), t, m, op, bytes + (own + off) * es);
+      host::sum_in_rank_order(arena_, pieces_.data(), t, R, m, op == reduce_op::mean, bytes + (own + off) * es);
       sent_ += sent * es;
     }
   }
@@ -238,6 +239,11 @@ class mpi_communicator {
         check(MPI_Bcast(at + off + o, int(std::min(piece, bytes[r] - o)), MPI_BYTE, int(r), comm_), "MPI_Bcast");
   }
 
+  // Optional member of communicator_policy: the threads the reduction's sums run on — an
+  // optimizer over the host space lends its space's arena for each step's reduction and takes it
+  // back after (nullptr, the default: the calling thread alone). The same bits either way.
+  void use_arena(tbb::task_arena* arena) noexcept { arena_ = arena; }
+
   bool all_agree(bool ok) {
     int mine = ok ? 1 : 0, all = 0;
     check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
@@ -272,29 +278,6 @@ class mpi_communicator {
                              "collective (it threw its error); nothing was sent");
   }
 
-  // R pieces of m elements of dtype t, one after the other, reduced into out (m elements of t):
-  // element i is ((x_0 + x_1) + x_2) + ... in fp32 of the widened values (exact), divided by R
-  // for the mean — detail::reduce_in_rank_order's arithmetic — then rounded to t (nearest even).
-  // In chunks that stay in the first-level cache; widened and rounded by the host kernels, as the
-  // optimizer's own conversions are (the same bits).
-  void sum_in_rank_order(const unsigned char* pieces, dtype t, std::size_t m, reduce_op op, unsigned char* out) const {
-    constexpr std::size_t chunk = 1024;
-    alignas(64) float acc[chunk], x[chunk];
-    const host::kernel_table& k = host::kernels(host::best_isa());
-    const std::size_t es = size_of(t);
-    const float div = float(size_);
-    for (std::size_t b = 0; b < m; b += chunk) {
-      const std::size_t n = std::min(chunk, m - b);
-      k.convert({pieces + b * es, t, acc, dtype::f32}, 0, n);
-      for (std::size_t r = 1; r < std::size_t(size_); ++r) {
-        k.convert({pieces + (r * m + b) * es, t, x, dtype::f32}, 0, n);
-        for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
-      }
-      if (op == reduce_op::mean)
-        for (std::size_t i = 0; i < n; ++i) acc[i] /= div;
-      k.convert({acc, dtype::f32, out + b * es, t}, 0, n);
-    }
-  }
   // what an element travels as: its own bits (MPI only moves them)
   static MPI_Datatype wire_type(dtype t) noexcept { return t == dtype::f32 ? MPI_FLOAT : MPI_UINT16_T; }
 
@@ -312,6 +295,7 @@ class mpi_communicator {
   std::vector<unsigned char> pieces_, shard_, packed_;
   std::vector<int> counts_, displs_, mine_, mine_displs_;
   limits lim_;
+  tbb::task_arena* arena_ = nullptr;  // not owned (use_arena)
 };
 
 // mpi_communicator without reduce_scatter: an optimizer over it all-reduces every gradient, so
@@ -333,6 +317,7 @@ static_assert(requires(mpi_communicator& c, float* d, void* b, const std::size_t
   c.reduce_scatter(d, n, reduce_op::sum);
   c.reduce(b, dtype::bf16, std::size_t{}, reduce_op::sum);
   c.reduce_scatter(b, dtype::bf16, n, reduce_op::sum);
+  c.use_arena(static_cast<tbb::task_arena*>(nullptr));
 });
 static_assert(requires(mpi_allreduce_communicator& c) { c.reserve(std::size_t{}, std::size_t{}); });
 static_assert(communicator_policy<mpi_allreduce_communicator>);

@@ -313,6 +313,7 @@ class optimizer {
     // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
     if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
       const auto t0 = std::chrono::steady_clock::now();
+      lend_arena lent(*this);
       reduce_gradients();
       reduce_ns_ += std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     }
@@ -617,6 +618,25 @@ class optimizer {
     space_.set_stream(stream);
     if constexpr (requires { comm_.set_stream(stream); }) comm_.set_stream(space_.stream());
   }
+
+  // A communicator that sums on threads (use_arena: mpi_communicator) borrows the host space's
+  // arena, the device-side threads, idle while the gradients are reduced, for as long as this
+  // lives (and not past it: the optimizer, and its space's arena, may move).
+  struct lend_arena {
+    explicit lend_arena(optimizer& o) noexcept : c(o.comm_) {
+      if constexpr (lends) c.use_arena(&o.space_.arena());
+    }
+    ~lend_arena() {
+      if constexpr (lends) c.use_arena(nullptr);
+    }
+    lend_arena(const lend_arena&) = delete;
+    lend_arena& operator=(const lend_arena&) = delete;
+    static constexpr bool lends = std::is_base_of_v<host_space, Space> && requires(Communicator& cm, Space& sp) {
+      cm.use_arena(&sp.arena());
+      cm.use_arena(nullptr);
+    };
+    Communicator& c;
+  };
 
   // Data parallel: the ranks' gradients reduced. With sharded_reduction the matrices' are
   // reduce-scattered — each rank gets the reduced gradient of its own block of columns only
