@@ -146,15 +146,20 @@ struct lending_hub : zf_test::hub_communicator {
     }
   }
   void reduce(float* data, std::size_t n, reduce_op op) {
-    ++(lent ? reduced_lent : reduced_alone);
+    count();
     zf_test::hub_communicator::reduce(data, n, op);
   }
   void reduce_scatter(float* data, const std::size_t* counts, reduce_op op) {
-    ++(lent ? reduced_lent : reduced_alone);
+    count();
     zf_test::hub_communicator::reduce_scatter(data, counts, op);
   }
+  // (call number throw_at throws, before it meets the other ranks)
+  void count() {
+    ++(lent ? reduced_lent : reduced_alone);
+    if (calls++ == throw_at) throw std::runtime_error("reduction failed");
+  }
   tbb::task_arena* lent = nullptr;
-  int lendings = 0, concurrency = 0, reduced_lent = 0, reduced_alone = 0;
+  int lendings = 0, concurrency = 0, reduced_lent = 0, reduced_alone = 0, calls = 0, throw_at = -1;
 };
 }  // namespace
 
@@ -201,6 +206,32 @@ TEST_CASE("data parallel, ranks as threads: the reduction runs on the space's ar
       CHECK(alone[r] == 0);
       CHECK(states[r] == want[r].state);
     }
+  }
+  // A reduction that throws (the second call of the first step, on every rank alike): the arena
+  // is taken back all the same.
+  zf_test::thread_hub hub(R);
+  std::vector<int> threw(R), lent_after(R), lent_once(R);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    lending_hub comm(hub, r);
+    comm.throw_at = 1;
+    thread_optimizer<lending_hub> opt(cfg, std::move(comm));
+    m.add_to(opt);
+    opt.initialize();
+    src.fill_all(m, 0, r, 0, reduce_op::mean);
+    try {
+      opt.step();
+    } catch (const std::runtime_error& e) {
+      threw[std::size_t(r)] = std::string(e.what()) == "reduction failed";
+    }
+    lent_after[std::size_t(r)] = opt.communicator().lent != nullptr;
+    lent_once[std::size_t(r)] = opt.communicator().lendings == 1;
+  });
+  for (std::size_t r = 0; r < std::size_t(R); ++r) {
+    CAPTURE(r);
+    CHECK(threw[r] == 1);
+    CHECK(lent_once[r] == 1);
+    CHECK(lent_after[r] == 0);
   }
 }
 

@@ -249,32 +249,52 @@ TEST_CASE("convert rejects bad arguments and leaves the destination alone") {
 // summed in rank order in fp32, divided by R for the mean, rounded to the pieces' dtype. Against
 // the formats' definitions (tests/reference) element by element, on every tier, on the calling
 // thread and on arenas of 1 to 3 threads: exact equality, since each step is one correctly
-// rounded fp32 operation or the nearest-even rounding, nothing to tolerate. The values' exponents
-// span 2^-8..2^8 with both signs, so the fp32 sums carry more bits than a 16-bit dtype and
-// another order of the additions would round differently. n is past the size below which one
-// thread does it all (2^15), with a tail that is no multiple of a chunk or a vector.
+// rounded fp32 operation or the nearest-even rounding, nothing to tolerate (a NaN result is
+// compared as a NaN: which operand's payload an addition keeps is the compiler's choice). The
+// values' exponents span 2^-8..2^8 with both signs, so the fp32 sums carry more bits than a
+// 16-bit dtype and another order of the additions would round differently; every 97th element
+// of a piece is a special value of its dtype: signed zeros (-0 + -0 is -0, +0 + -0 is +0),
+// subnormals, infinities (Inf - Inf is NaN), 2^127 or 2^15 (two of them overflow fp32 or the
+// 16-bit format), a NaN — the same one on every rank at one position, a different one per rank
+// at another. n is past the size below which one thread does it all (2^15), with a tail that is
+// no multiple of a chunk or a vector.
 TEST_CASE("the ranks' pieces summed in rank order equal the reference on every tier and thread count") {
   const std::size_t n = (std::size_t(1) << 15) + 3 * 4096 + 37;
   zf_test::rng rng(11);
   std::vector<float> base(4 * n);
   for (float& x : base)
-    x = std::ldexp(float(rng.uniform(1.0, 2.0)), int(rng.uniform(-8.0, 9.0))) * (rng.uniform(0.0, 1.0) < 0.5 ? -1.0f : 1.0f);
+    x = std::ldexp(float(rng.uniform(1.0, 2.0)), int(std::floor(rng.uniform(-8.0, 9.0)))) *
+        (rng.uniform(0.0, 1.0) < 0.5 ? -1.0f : 1.0f);
+  // the specials, as bits of each dtype: +0, -0, subnormals, +Inf, -Inf, 2^127 (2^15 in f16), NaN
+  const std::uint32_t special32[8] = {0x00000000u, 0x80000000u, 0x00000001u, 0x806d0000u,
+                                      0x7f800000u, 0xff800000u, 0x7f000000u, 0x7fc00001u};
+  const std::uint16_t special_bf16[8] = {0x0000, 0x8000, 0x0001, 0x8050, 0x7f80, 0xff80, 0x7f00, 0x7fc1};
+  const std::uint16_t special_f16[8] = {0x0000, 0x8000, 0x0001, 0x8203, 0x7c00, 0xfc00, 0x7800, 0x7e01};
+  // which special element i of rank r's piece holds, or -1
+  auto special = [](std::size_t r, std::size_t i) -> int {
+    if (i % 97 == 0) return int((i / 97 + r) % 8);  // a different one per rank
+    if (i % 97 == 1) return int((i / 97) % 8);      // the same on every rank
+    return -1;
+  };
   const std::vector<unsigned> thread_counts = zf_test::quick_mode() ? std::vector<unsigned>{0, 2} : std::vector<unsigned>{0, 1, 2, 3};
-  std::size_t compared = 0;
+  std::size_t compared = 0, nan_results = 0;
   for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
     CAPTURE(int(t));
     const std::size_t es = size_of(t);
     // the pieces in dtype t, and their exact values
     std::vector<unsigned char> pieces(base.size() * es);
     std::vector<float> wide(base.size());
-    for (std::size_t i = 0; i < base.size(); ++i) {
+    for (std::size_t k = 0; k < base.size(); ++k) {
+      const int sp = special(k / n, k % n);
       if (t == dtype::f32) {
-        std::memcpy(&pieces[i * 4], &base[i], 4);
-        wide[i] = base[i];
+        const float x = sp < 0 ? base[k] : zf_ref::from_bits(special32[sp]);
+        std::memcpy(&pieces[k * 4], &x, 4);
+        wide[k] = x;
       } else {
-        const std::uint16_t h = t == dtype::bf16 ? zf_ref::bf16_round(base[i]) : zf_ref::f16_round(base[i]);
-        std::memcpy(&pieces[i * 2], &h, 2);
-        wide[i] = float(t == dtype::bf16 ? zf_ref::bf16_value(h) : zf_ref::f16_value(h));
+        const std::uint16_t h = sp >= 0 ? (t == dtype::bf16 ? special_bf16[sp] : special_f16[sp])
+                                : t == dtype::bf16 ? zf_ref::bf16_round(base[k]) : zf_ref::f16_round(base[k]);
+        std::memcpy(&pieces[k * 2], &h, 2);
+        wide[k] = float(t == dtype::bf16 ? zf_ref::bf16_value(h) : zf_ref::f16_value(h));
       }
     }
     for (std::size_t R = 1; R <= 4; ++R)
@@ -282,16 +302,32 @@ TEST_CASE("the ranks' pieces summed in rank order equal the reference on every t
         CAPTURE(R);
         CAPTURE(mean);
         std::vector<unsigned char> want(n * es);
+        std::vector<bool> nan(n);
         for (std::size_t i = 0; i < n; ++i) {
           float s = wide[i];
           for (std::size_t r = 1; r < R; ++r) s += wide[r * n + i];
           if (mean) s /= float(R);
-          if (t == dtype::f32) std::memcpy(&want[i * 4], &s, 4);
-          else {
-            const std::uint16_t h = t == dtype::bf16 ? zf_ref::bf16_round(s) : zf_ref::f16_round(s);
+          nan[i] = std::isnan(s);
+          nan_results += nan[i];
+          if (t == dtype::f32) {
+            std::memcpy(&want[i * 4], &s, 4);
+          } else {
+            const std::uint16_t h = t == dtype::bf16 ? zf_ref::bf16_round(s)  // (exact for an infinity too)
+                                    : std::isinf(s)  ? std::uint16_t(std::signbit(s) ? 0xfc00 : 0x7c00)
+                                                     : zf_ref::f16_round(s);
             std::memcpy(&want[i * 2], &h, 2);
           }
         }
+        auto is_nan = [&](const unsigned char* p) {
+          if (t == dtype::f32) {
+            float x;
+            std::memcpy(&x, p, 4);
+            return std::isnan(x);
+          }
+          std::uint16_t h;
+          std::memcpy(&h, p, 2);
+          return (h & 0x7fff) > (t == dtype::bf16 ? 0x7f80 : 0x7c00);
+        };
         // (pieces of R ranks: the first R n elements; the buffer holds 4)
         for (isa tier : zf_test::available_tiers())
           for (unsigned threads : thread_counts) {
@@ -304,12 +340,16 @@ TEST_CASE("the ranks' pieces summed in rank order equal the reference on every t
               tbb::task_arena arena{int(threads)};
               sum_in_rank_order(&arena, pieces.data(), t, R, n, mean, out.data(), tier);
             }
-            REQUIRE(out == want);
+            std::size_t bad = 0;
+            for (std::size_t i = 0; i < n; ++i)
+              bad += nan[i] ? !is_nan(&out[i * es]) : std::memcmp(&out[i * es], &want[i * es], es) != 0;
+            REQUIRE(bad == 0);
             ++compared;
           }
       }
   }
   CHECK(compared == 3 * 4 * 2 * zf_test::available_tiers().size() * thread_counts.size());
+  CHECK(nan_results > 0);  // (the specials met: Inf - Inf, NaN)
 }
 
 TEST_CASE("sum_in_rank_order rejects bad arguments and leaves the destination alone") {

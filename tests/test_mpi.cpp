@@ -2124,18 +2124,46 @@ TEST_CASE("data parallel: mpi_communicator's collectives against their definitio
 // The sums on a lent arena (use_arena, what the optimizer does each step): shards of over 2^15
 // elements, past which the sum is split across the arena's threads, in fp32 and bf16, reduce
 // and reduce_scatter, against the rank-order fp32 sum computed here element by element (bits),
-// and the same calls on the calling thread alone. The values' exponents span 2^-4..2^4, so
-// another order of the additions would round differently.
+// and the same calls on the calling thread alone. The values have 24-bit mantissas and exponents
+// spanning 2^-8..2^8, so that the fp32 partial sums round, and at every 4th element ranks 0 and
+// 1 hold +B and -B (B about 2^20), which cancel first in rank order and swallow the other ranks'
+// small values in another: from 3 ranks on another order of the additions gives other bits
+// (checked below, for fp32 and for bf16 after its rounding). (At one rank there is nothing to
+// reduce: the calls return the data as it is.)
 TEST_CASE("data parallel: mpi_communicator sums on a lent arena's threads with the bits of the rank-order sum") {
   const int R = ranks(), me = my_rank();
   const std::size_t share = (std::size_t(1) << 15) + 4096 + 5;  // a rank's shard
   const std::size_t n = share * std::size_t(R);
   auto value = [](int r, std::size_t j) {
-    return std::ldexp(1.0f + float((j * 13 + std::size_t(r) * 5) % 17) / 32.0f, int((j + std::size_t(r) * 3) % 9) - 4) *
-           ((j + std::size_t(r)) % 3 ? 1.0f : -1.0f);
+    const bool cancel = j % 4 == 0 && r < 2;  // (B on rank 0, -B on rank 1)
+    std::uint64_t h = (cancel ? 0 : std::uint64_t(r) + 1) * 0x9e3779b97f4a7c15ull + j * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    const float mant = 1.0f + float(h & 0x7fffffu) / float(1u << 23);  // 24 significant bits
+    if (cancel) return std::ldexp(mant, 20) * (r == 0 ? 1.0f : -1.0f);
+    return std::ldexp(mant, int((h >> 23) % 17) - 8) * ((h >> 40) & 1 ? -1.0f : 1.0f);
   };
   auto bf16 = [](float x) { return zf_ref::bf16_round(x); };
   auto wide = [](std::uint16_t h) { return float(zf_ref::bf16_value(h)); };
+  if (R >= 3) {  // the values tell the orders apart
+    std::size_t differ32 = 0, differ16 = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      float a = value(0, j), b = value(R - 1, j), a16 = wide(bf16(value(0, j))), b16 = wide(bf16(value(R - 1, j)));
+      for (int r = 1; r < R; ++r) {
+        a += value(r, j);
+        a16 += wide(bf16(value(r, j)));
+      }
+      for (int r = R - 2; r >= 0; --r) {
+        b += value(r, j);
+        b16 += wide(bf16(value(r, j)));
+      }
+      differ32 += zf_ref::bits(a) != zf_ref::bits(b);
+      differ16 += bf16(a16) != bf16(b16);
+    }
+    REQUIRE(differ32 > 0);
+    REQUIRE(differ16 > 0);
+  }
   tbb::task_arena arena(3);
   for (bool lend : {true, false}) {
     CAPTURE(lend);

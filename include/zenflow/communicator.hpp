@@ -37,10 +37,12 @@ namespace zenflow {
 // each and, where the communicator takes the element sizes and has the typed members, the
 // widest gradient element each kind of round moves: a growth refused inside a step would leave
 // some gradients reduced in place and others not).
-// Optional, use_arena(tbb::task_arena*): an optimizer over the host space lends its space's
-// arena (the device-side threads) for each step's reduction, and takes it back (nullptr) after:
-// a communicator that does arithmetic may run it there (mpi_communicator sums on it: the same
-// bits on any number of threads). Not a collective.
+// Optional, use_arena(tbb::task_arena*) noexcept: an optimizer over the host space lends its
+// space's arena (the device-side threads, which the step does not use during its reduction;
+// with overlap_step a host update may be running on the accumulator's own threads meanwhile) for
+// each step's reduction, and takes it back (nullptr) after, whatever it was before: a
+// communicator that does arithmetic may run it there (mpi_communicator sums on it: the same bits
+// on any number of threads). Not a collective.
 // The others are collectives: every rank calls them, in the same order. A multi-process communicator
 // names the memory space its data lives in (`using space = ...`): reduce and all_gather take
 // that space's device memory (host memory for the host space, GPU memory for the CUDA space),

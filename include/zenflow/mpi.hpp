@@ -125,7 +125,7 @@ class mpi_communicator {
       check(MPI_Alltoallv(bytes + off * es, counts, displs, wire_type(t), pieces_.data(), mine, mine_displs, wire_type(t),
                           comm_),
             "MPI_Alltoallv");
-      host::sum_in_rank_order(arena_, pieces_.data(), t, R, m, op == reduce_op::mean, shard_.data());
+      sum(pieces_.data(), t, m, op, shard_.data());
       check(MPI_Allgatherv(shard_.data(), int(m), wire_type(t), bytes + off * es, counts, displs, wire_type(t), comm_),
             "MPI_Allgatherv");
       sent_ += ((len - m) + m * (R - 1)) * es;  // the others' pieces, then my shard to each
@@ -194,7 +194,7 @@ class mpi_communicator {
                           mine_.data(), mine_displs_.data(), wire_type(t), comm_),
             "MPI_Alltoallv");
       // (this round's piece of my segment was sent above and is not read again: written in place)
-      host::sum_in_rank_order(arena_, pieces_.data(), t, R, m, op == reduce_op::mean, bytes + (own + off) * es);
+      sum(pieces_.data(), t, m, op, bytes + (own + off) * es);
       sent_ += sent * es;
     }
   }
@@ -278,6 +278,14 @@ class mpi_communicator {
                              "collective (it threw its error); nothing was sent");
   }
 
+  // R pieces of m elements of dtype t, one after the other, reduced into out (m elements of t):
+  // host::sum_in_rank_order, on the lent arena's threads, but without its argument checks, which
+  // could throw here on one rank only, between two collectives (its own buffers, and a caller's
+  // buffer that it takes as it is, as MPI does).
+  void sum(const unsigned char* pieces, dtype t, std::size_t m, reduce_op op, unsigned char* out) const {
+    host::detail::sum_in_rank_order_unchecked(arena_, pieces, t, std::size_t(size_), m, op == reduce_op::mean, out,
+                                              host::kernels(host::best_isa()));
+  }
   // what an element travels as: its own bits (MPI only moves them)
   static MPI_Datatype wire_type(dtype t) noexcept { return t == dtype::f32 ? MPI_FLOAT : MPI_UINT16_T; }
 

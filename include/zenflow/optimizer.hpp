@@ -84,8 +84,8 @@ struct optimizer_stats {
   // state of columns joining the selection).
   std::uint64_t bytes_reduced = 0;
   std::uint64_t bytes_gathered = 0;
-  // Data parallel: seconds step() spent reducing gradients on the calling thread (widening, the
-  // collective, rounding back; the gathers of column statistics and selected columns; on the
+  // Data parallel: seconds step() spent reducing gradients, as the calling thread waited for it
+  // (widening, the collective, the sums on the space's threads, rounding back; the gathers of column statistics and selected columns; on the
   // CUDA space the enqueueing, the device runs it in order); carried by checkpoints, as the other
   // counters.
   double reduce_seconds = 0;
@@ -620,8 +620,9 @@ class optimizer {
   }
 
   // A communicator that sums on threads (use_arena: mpi_communicator) borrows the host space's
-  // arena, the device-side threads, idle while the gradients are reduced, for as long as this
-  // lives (and not past it: the optimizer, and its space's arena, may move).
+  // arena, the device-side threads, which the step does not use while the gradients are reduced,
+  // for as long as this lives, and is handed nullptr after (it keeps no pointer into the
+  // optimizer between steps; an exception from the reduction included).
   struct lend_arena {
     explicit lend_arena(optimizer& o) noexcept : c(o.comm_) {
       if constexpr (lends) c.use_arena(&o.space_.arena());
@@ -635,6 +636,12 @@ class optimizer {
       cm.use_arena(&sp.arena());
       cm.use_arena(nullptr);
     };
+    // (the taking back runs while an exception unwinds: it must not throw)
+    static constexpr bool takes_back_quietly() {
+      if constexpr (lends) return noexcept(std::declval<Communicator&>().use_arena(nullptr));
+      else return true;
+    }
+    static_assert(takes_back_quietly(), "zenflow: a communicator's use_arena must be noexcept");
     Communicator& c;
   };
 

@@ -126,6 +126,34 @@ inline std::size_t checked_elems(std::size_t rows, std::size_t cols) {
   return rows * cols;
 }
 
+
+// sum_in_rank_order's arithmetic without its argument checks, for a caller that has made them
+// (mpi_communicator: its own buffers, and the caller's data between two collectives, where a
+// throw on one rank would leave the others waiting).
+inline void sum_in_rank_order_unchecked(tbb::task_arena* arena, const void* pieces, dtype t, std::size_t ranks,
+                                        std::size_t n, bool mean, void* out, const kernel_table& k) {
+  if (n == 0 || ranks == 0) return;
+  const std::size_t es = size_of(t);
+  const auto* in = static_cast<const unsigned char*>(pieces);
+  auto* to = static_cast<unsigned char*>(out);
+  const float div = float(ranks);
+  auto range = [&](std::size_t b, std::size_t e) {
+    constexpr std::size_t chunk = 1024;
+    alignas(64) float acc[chunk];
+    for (std::size_t c = b; c < e; c += chunk) {
+      const std::size_t len = std::min(chunk, e - c);
+      k.convert({in + c * es, t, acc, dtype::f32}, 0, len);
+      // (the accumulate kernel: acc + x * 1, which is acc + x, widened and added on the tier's
+      // vectors whatever this file's compile flags)
+      for (std::size_t r = 1; r < ranks; ++r) k.accumulate({acc, in + (r * n + c) * es, t, 1.0f}, 0, len);
+      if (mean)
+        for (std::size_t i = 0; i < len; ++i) acc[i] /= div;
+      k.convert({acc, dtype::f32, to + c * es, t}, 0, len);
+    }
+  };
+  if (arena) parallel_blocks(*arena, n, range);
+  else range(0, n);
+}
 }  // namespace detail
 
 #if defined(ZENFLOW_HOST_DISPATCH)
@@ -263,8 +291,10 @@ inline void convert(tbb::task_arena& arena, const convert_job& job, std::size_t 
 // one after the other at `pieces`: out[i] = ((x_0[i] + x_1[i]) + x_2[i]) + ... in fp32 over the
 // widened values (exact), divided by `ranks` when `mean`, then rounded to t (nearest even) — the
 // arithmetic of ::zenflow::detail::reduce_in_rank_order, rounded as the optimizer rounds an fp32
-// result. Element by element, in chunks that stay in the first-level cache, split across the
-// arena's threads, or on the calling thread alone when arena is null: the same bits either way.
+// result. Element by element, in chunks that stay in the first-level cache, the additions on the
+// tier's vectors, split across the arena's threads or on the calling thread alone when arena is
+// null: the same bits either way (the arena's threads run with the floating-point settings
+// oneTBB took when it was set up; zenflow expects the defaults, no flush-to-zero).
 // out must not overlap the pieces.
 inline void sum_in_rank_order(tbb::task_arena* arena, const void* pieces, dtype t, std::size_t ranks,
                               std::size_t n, bool mean, void* out, isa tier = best_isa()) {
@@ -277,25 +307,7 @@ inline void sum_in_rank_order(tbb::task_arena* arena, const void* pieces, dtype 
   check_buffer(out, t, "out");
   const std::size_t es = size_of(t);
   check_disjoint({{pieces, es * checked_elems(n, ranks), "pieces", false}, {out, es * checked_elems(n, 1), "out", true}});
-  const auto* in = static_cast<const unsigned char*>(pieces);
-  auto* to = static_cast<unsigned char*>(out);
-  const float div = float(ranks);
-  auto range = [&](std::size_t b, std::size_t e) {
-    constexpr std::size_t chunk = 1024;
-    alignas(64) float acc[chunk];
-    for (std::size_t c = b; c < e; c += chunk) {
-      const std::size_t len = std::min(chunk, e - c);
-      k.convert({in + c * es, t, acc, dtype::f32}, 0, len);
-      // (the accumulate kernel: acc + x * 1, which is acc + x, widened and added on the tier's
-      // vectors whatever this file's compile flags)
-      for (std::size_t r = 1; r < ranks; ++r) k.accumulate({acc, in + (r * n + c) * es, t, 1.0f}, 0, len);
-      if (mean)
-        for (std::size_t i = 0; i < len; ++i) acc[i] /= div;
-      k.convert({acc, dtype::f32, to + c * es, t}, 0, len);
-    }
-  };
-  if (arena) parallel_blocks(*arena, n, range);
-  else range(0, n);
+  sum_in_rank_order_unchecked(arena, pieces, t, ranks, n, mean, out, k);
 }
 
 }  // inline namespace
