@@ -43,10 +43,13 @@ inline double f16_value(std::uint16_t h) {
   return s * std::ldexp(double(1024 + m), e - 25);
 }
 
-// Round a finite float to the nearest float16 (ties to even), directly from the definition:
-// quantise |x| to the spacing of its binade with round-half-even, then encode.
+// Round a float to the nearest float16 (ties to even), directly from the definition: quantise
+// |x| to the spacing of its binade with round-half-even, then encode. An infinity stays one and a
+// NaN becomes the quiet NaN 0x7e00 with x's sign (frexp's exponent is unspecified for both).
 inline std::uint16_t f16_round(float x) {
   const std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  if (std::isinf(x)) return sign | 0x7c00;
+  if (std::isnan(x)) return sign | 0x7e00;
   const double a = std::fabs(double(x));
   int e2;
   std::frexp(a, &e2);                   // a = f * 2^e2, f in [0.5, 1)
