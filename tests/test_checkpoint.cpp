@@ -21,6 +21,7 @@
 #if defined(__unix__)
 #  include <fcntl.h>
 #  include <sys/file.h>
+#  include <sys/stat.h>
 #  include <unistd.h>
 #endif
 
@@ -862,6 +863,59 @@ TEST_CASE("checkpoint: a save removes the temporary files that killed saves of i
   CHECK(fs::exists(fresh));  // still within its minute
   fs::remove_all(dir);
 }
+
+// A FIFO at the path: refused at once as not a regular file (opened without blocking, then
+// checked), where a plain open would wait for a writer for good (this test would then hang
+// until ctest's timeout).
+TEST_CASE("checkpoint: a FIFO at the path is refused at once, not waited on") {
+  const std::string path = temp_path("fifo.zfckpt");
+  std::remove(path.c_str());
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  std::vector<float> w(12, 0.5f), g(12, 0.01f);
+  optimizer<> opt{config{}};
+  opt.add_matrix({w.data(), g.data(), 3, 4});
+  opt.initialize();
+  CHECK_THROWS_WITH_AS(opt.load(path), doctest::Contains("not a regular file"), checkpoint_error);
+  CHECK(opt.applied_steps() == 0);
+  std::remove(path.c_str());
+}
+
+// The temporary file is created exclusively, never through a link: a symbolic link (or a file)
+// someone left under the name the next save takes is neither written through nor truncated; the
+// save takes the next name and is whole.
+TEST_CASE("checkpoint: a link or file at the next temporary name is not written through, the save takes another") {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_path("excl-temporaries");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = dir + "/run.zfckpt", victim = dir + "/victim.txt";
+  std::ofstream(victim) << "keep me";
+  // the names of this process's next saves: <path>.tmp.<pid>.<n>, n counting per process
+  const std::string taken = ckpt::temporary_name(path);
+  const std::string stem = taken.substr(0, taken.rfind('.') + 1);
+  const unsigned long long n = std::stoull(taken.substr(taken.rfind('.') + 1));
+  fs::create_symlink(victim, stem + std::to_string(n + 1));
+  std::ofstream(stem + std::to_string(n + 2)) << "someone's";
+  std::vector<float> w(12, 0.5f), g(12, 0.01f);
+  optimizer<> opt{config{}};
+  opt.add_matrix({w.data(), g.data(), 3, 4});
+  opt.initialize();
+  opt.step();
+  CHECK_NOTHROW(opt.save(path));
+  auto text = [](const std::string& f) {
+    std::ifstream in(f);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  CHECK(text(victim) == "keep me");
+  CHECK(fs::is_symlink(stem + std::to_string(n + 1)));
+  CHECK(text(stem + std::to_string(n + 2)) == "someone's");
+  optimizer<> back{config{}};
+  back.add_matrix({w.data(), g.data(), 3, 4});
+  back.initialize();
+  CHECK_NOTHROW(back.load(path));
+  CHECK(back.applied_steps() == 1);
+  fs::remove_all(dir);
+}
 #endif
 
 TEST_CASE("checkpoint: a file of other registrations is refused, naming what differs in words") {
@@ -918,5 +972,270 @@ TEST_CASE("checkpoint: a file of other registrations is refused, naming what dif
                        doctest::Contains("config differs: topk_ratio is 0.1 in the file, 0 here (zero_offload fixes it "
                                          "at 0 and device_adam at 1: another kind of optimizer?)"),
                        checkpoint_error);
+  std::remove(path.c_str());
+}
+
+// Checksums right, counters past what a run reaches or describing a schedule it never follows:
+// refused, the optimizer unchanged. The file: one step of a 6x9 matrix and a vector, no warm-up
+// (applied 1, one selection at step 1, a window of 1 open), or with a warm-up of 3 (applied 1,
+// nothing of the schedule yet).
+TEST_CASE("checkpoint: counters past a run's reach or off its schedule are refused") {
+  const std::string path = temp_path("crafted-schedule.zfckpt");
+  // counters payload: u64 applied 0, steps 8, skipped 16, selections 24, host updates 32, last
+  // selection 40, window 48, ...; u8 selected_once at 88, pending 89, accumulator 90
+  auto saved = [&](const config& cfg, bool with_vector) {
+    std::vector<float> w(6 * 9, 0.5f), g(6 * 9, 0.01f), b(3, 0.5f), gb(3, 0.01f);
+    optimizer<> a(cfg);
+    a.add_matrix({w.data(), g.data(), 6, 9});
+    if (with_vector) a.add_vector({b.data(), gb.data(), 3});
+    a.initialize();
+    a.step();
+    a.save(path);
+    return file_bytes(path);
+  };
+  struct edit {
+    std::size_t offset;
+    std::uint64_t value;
+    unsigned bytes;
+  };
+  // `img` with the counters edited, refused by a fresh optimizer with `message`, which then holds
+  // its initial params still
+  auto refused = [&](const config& cfg, bool with_vector, const std::vector<unsigned char>& img,
+                     std::initializer_list<edit> edits, const char* message) {
+    std::vector<unsigned char> v = img;
+    const section_place counters = section_of(v, 2);
+    for (const edit& e : edits) std::memcpy(v.data() + counters.payload + e.offset, &e.value, e.bytes);
+    reseal(v, counters);
+    std::vector<float> w(6 * 9, 0.0f), g(6 * 9), b(3, 0.0f), gb(3);
+    optimizer<> o(cfg);
+    o.add_matrix({w.data(), g.data(), 6, 9});
+    if (with_vector) o.add_vector({b.data(), gb.data(), 3});
+    o.initialize();
+    CHECK_THROWS_WITH_AS(o.load_image(v.data(), v.size()), doctest::Contains(message), checkpoint_error);
+    CHECK(o.applied_steps() == 0);
+    CHECK(std::all_of(w.begin(), w.end(), [](float x) { return x == 0.0f; }));
+  };
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::every(4);
+  cfg.select_interval = interval::every(4);
+  const auto img = saved(cfg, false);
+  // the file as saved loads (so what each case below edits is what is refused)
+  {
+    std::vector<float> w(6 * 9), g(6 * 9);
+    optimizer<> o(cfg);
+    o.add_matrix({w.data(), g.data(), 6, 9});
+    o.initialize();
+    CHECK_NOTHROW(o.load_image(img.data(), img.size()));
+  }
+  constexpr std::uint64_t u32_max = std::numeric_limits<std::uint32_t>::max();
+  // 2^32 applied steps: a column's Adam count would have wrapped
+  refused(cfg, false, img, {{0, u32_max + 1, 8}, {8, u32_max + 1, 8}},
+          "has 4294967296 applied steps; a run applies at most 4294967295");
+  // a step count past 2^63 (applied 1, the rest skipped): no run reaches it, and it would wrap
+  refused(cfg, false, img, {{8, (std::uint64_t(1) << 63) + 1, 8}, {16, std::uint64_t(1) << 63, 8}},
+          "has a step count no run reaches");
+  // no selection made, though step 1 (after no warm-up) makes one
+  refused(cfg, false, img, {{88, 0, 1}}, "has no selection made after the warm-up");
+  refused(cfg, false, img, {{24, 0, 8}}, "has selections inconsistent with its applied steps");
+  refused(cfg, false, img, {{24, 2, 8}}, "has selections inconsistent with its applied steps");  // 2 selections in 1 step
+  refused(cfg, false, img, {{40, 0, 8}}, "has selections inconsistent with its applied steps");
+  // a selection made where no matrix selects columns (topk_ratio 0: the file's own config)
+  {
+    config none = cfg;
+    none.topk_ratio = 0;
+    const auto img0 = saved(none, false);
+    refused(none, false, img0, {{88, 1, 1}, {24, 1, 8}, {40, 1, 8}}, "has a selection made, though no matrix selects columns");
+  }
+  // a warm-up of 3 steps, saved after the first: a window, a selection or a pending host update
+  // during it is none that the schedule has
+  {
+    config warm = cfg;
+    warm.full_warm_up_rounds = 3;
+    const auto imgw = saved(warm, false);
+    const char* during = "has a selection, an open window or a host update pending during the warm-up";
+    refused(warm, false, imgw, {{48, 1, 8}}, during);
+    refused(warm, false, imgw, {{88, 1, 1}}, during);
+    refused(warm, false, imgw, {{89, 1, 1}}, during);
+    refused(warm, false, imgw, {{24, 1, 8}}, during);
+    // past the warm-up (applied 4, a selection at step 4), with a window of 2 open: it began
+    // during the warm-up
+    refused(warm, false, imgw, {{0, 4, 8}, {8, 4, 8}, {88, 1, 1}, {24, 1, 8}, {40, 4, 8}, {48, 2, 8}},
+            "has an open window longer than the steps since the warm-up");
+    // past the warm-up (applied 4, a selection at step 4) with a matrix that has no selected
+    // columns: the counters are consistent, the matrix section is not
+    refused(warm, false, imgw, {{0, 4, 8}, {8, 4, 8}, {88, 1, 1}, {24, 1, 8}, {40, 4, 8}, {48, 1, 8}},
+            "matrix 0 has 0 selected columns, though a selection was made");
+  }
+  // a vector's Adam count is the applied steps (it is updated at every one): 2 steps applied,
+  // its count 1
+  {
+    const auto imgv = saved(cfg, true);
+    refused(cfg, true, imgv, {{0, 2, 8}, {8, 2, 8}}, "vector 0: its Adam count (1) is not the applied steps (2)");
+  }
+  std::remove(path.c_str());
+}
+
+// The last step a run can take: applied = 2^32 - 1 loads (a column's count may reach it), and the
+// next step() is refused — a count wrapping to 0 would divide the bias correction by zero —
+// changing nothing.
+TEST_CASE("checkpoint: at 2^32 - 1 applied steps step() refuses, changing nothing") {
+  const std::string path = temp_path("last-step.zfckpt");
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.update_interval = interval::every(4);
+  std::vector<float> w(6 * 9, 0.5f), g(6 * 9, 0.01f);
+  optimizer<> a(cfg);
+  a.add_matrix({w.data(), g.data(), 6, 9});
+  a.initialize();
+  a.step();
+  a.save(path);
+  std::vector<unsigned char> img = file_bytes(path);
+  const section_place counters = section_of(img, 2);
+  const std::uint64_t last = std::numeric_limits<std::uint32_t>::max();
+  std::memcpy(img.data() + counters.payload, &last, 8);      // applied
+  std::memcpy(img.data() + counters.payload + 8, &last, 8);  // steps
+  reseal(img, counters);
+  std::vector<float> w2(6 * 9), g2(6 * 9, 0.01f);
+  optimizer<> b(cfg);
+  b.add_matrix({w2.data(), g2.data(), 6, 9});
+  b.initialize();
+  REQUIRE_NOTHROW(b.load_image(img.data(), img.size()));
+  CHECK(b.applied_steps() == last);
+  const std::vector<float> before = w2;
+  const auto counts = b.column_counts(matrix_id{0});
+  CHECK_THROWS_WITH_AS(b.step(), doctest::Contains("4294967295 steps applied, the most a run takes"), std::overflow_error);
+  CHECK(b.applied_steps() == last);
+  CHECK(b.stats().steps == last);
+  CHECK(w2 == before);
+  CHECK(b.column_counts(matrix_id{0}) == counts);
+  CHECK(b.usable());  // (refused before anything changed: the state can still be saved)
+  CHECK_NOTHROW(b.save(path));
+  std::remove(path.c_str());
+}
+
+// The gradient accumulators' rule (README, "Checkpoints"): zero in the accumulator not filling,
+// in every one while no window is open, and in the selected columns; elsewhere at most 1.5 x
+// window x the applied bound (2^63, or 2^63 / U with host_gradient = sum). A crafted value past
+// the bound is refused (one host update would make its column's v infinite), one at it loads.
+TEST_CASE("checkpoint: the gradient accumulators' rule, at its bound and off it") {
+  const std::string path = temp_path("crafted-acc.zfckpt");
+  for (const bool sum : {false, true}) {
+    CAPTURE(sum);
+    config cfg;  // overlap on: two accumulators
+    cfg.topk_ratio = 0.25;
+    cfg.update_interval = interval::every(4);
+    cfg.select_interval = interval::every(4);
+    if (sum) cfg.host_gradient = window_gradient::sum;
+    std::vector<float> w(6 * 9, 0.5f), g(6 * 9);
+    for (std::size_t e = 0; e < g.size(); ++e) g[e] = 0.01f * float(1 + e % 5);
+    optimizer<> a(cfg);
+    a.add_matrix({w.data(), g.data(), 6, 9});
+    a.initialize();
+    a.step();  // a window of 1 open: the filling accumulator holds step 1's unselected columns
+    a.save(path);
+    const std::vector<unsigned char> img = file_bytes(path);
+    const section_place counters = section_of(img, 2), mat = section_of(img, 3);
+    const unsigned active = img[counters.payload + 90];
+    const std::vector<std::uint32_t> sel = a.selected_columns(matrix_id{0});
+    REQUIRE(sel.size() == 2);
+    std::uint32_t uns = 0;  // the first unselected column
+    while (std::find(sel.begin(), sel.end(), uns) != sel.end()) ++uns;
+    const std::size_t rows = 6, n = 6 * 9;
+    // matrix payload: active, 2 columns, their master/m/v, 2 counts, then the host arrays
+    const std::size_t host = 8 + 4 * 2 + 12 * 2 * rows + 4 * 2;
+    auto acc_at = [&](unsigned which, std::uint32_t col, std::size_t row) {
+      return host + 12 * n + 4 * (which * n + col * rows + row);
+    };
+    auto loads = [&](const std::vector<unsigned char>& v) {
+      std::vector<float> w2(6 * 9), g2(6 * 9);
+      optimizer<> b(cfg);
+      b.add_matrix({w2.data(), g2.data(), 6, 9});
+      b.initialize();
+      b.load_image(v.data(), v.size());
+    };
+    REQUIRE_NOTHROW(loads(img));
+    float at_acc;
+    std::memcpy(&at_acc, img.data() + mat.payload + acc_at(active, uns, 0), 4);
+    CHECK(at_acc == g[std::size_t(uns) * rows]);  // (the offsets are right: step 1's gradient, factor 1)
+    const float bound = float(1.5 * 0x1p63 / (sum ? 4.0 : 1.0));  // a window of 1
+    const float past = std::nextafter(bound, std::numeric_limits<float>::infinity());
+    const float one = 1.0f, zero = 0.0f;
+    CHECK_NOTHROW(loads(crafted(img, mat, acc_at(active, uns, 3), &bound, 4)));
+    CHECK_NOTHROW(loads(crafted(img, mat, acc_at(active, uns, 3), &one, 4)));
+    CHECK_NOTHROW(loads(crafted(img, mat, acc_at(active, uns, 3), &zero, 4)));
+    const char* broken = "matrix 0: a gradient accumulator holds what no run leaves there";
+    CHECK_THROWS_WITH_AS(loads(crafted(img, mat, acc_at(active, uns, 3), &past, 4)), doctest::Contains(broken),
+                         checkpoint_error);
+    const float minus = -past;
+    CHECK_THROWS_WITH_AS(loads(crafted(img, mat, acc_at(active, uns, 5), &minus, 4)), doctest::Contains(broken),
+                         checkpoint_error);
+    // the accumulator not filling, and a selected column of the filling one: zero
+    CHECK_THROWS_WITH_AS(loads(crafted(img, mat, acc_at(1 - active, uns, 0), &one, 4)), doctest::Contains(broken),
+                         checkpoint_error);
+    CHECK_THROWS_WITH_AS(loads(crafted(img, mat, acc_at(active, sel[1], rows - 1), &one, 4)), doctest::Contains(broken),
+                         checkpoint_error);
+    // no window open (the counters' window set to 0): step 1's sums in the filling one are
+    // what no run leaves there
+    const std::uint64_t no_window = 0;
+    CHECK_THROWS_WITH_AS(loads(crafted(img, counters, 48, &no_window, 8)), doctest::Contains(broken), checkpoint_error);
+  }
+  std::remove(path.c_str());
+}
+
+// A NaN param of any dtype is refused by load and by save (it would make every later gradient
+// NaN: every step skipped, for good); an infinity in a 16-bit param is what rounding a finite
+// master can give, and loads.
+TEST_CASE("checkpoint: a NaN param is refused by load and by save, a 16-bit infinity is not") {
+  const std::string path = temp_path("nan-param.zfckpt");
+  for (const dtype d : {dtype::bf16, dtype::f16}) {
+    CAPTURE(name_of(d));
+    config cfg;
+    cfg.topk_ratio = 0.25;
+    std::vector<std::uint16_t> w(6 * 9), g(6 * 9), b(3), gb(3);
+    const std::uint16_t half = d == dtype::bf16 ? 0x3f00 : 0x3800, small = d == dtype::bf16 ? 0x3c24 : 0x211f;
+    std::fill(w.begin(), w.end(), half);
+    std::fill(b.begin(), b.end(), half);
+    std::fill(g.begin(), g.end(), small);
+    std::fill(gb.begin(), gb.end(), small);
+    optimizer<> a(cfg);
+    a.add_matrix({w.data(), g.data(), 6, 9, d, d});
+    a.add_vector({b.data(), gb.data(), 3, d, d});
+    a.initialize();
+    a.step();
+    a.save(path);
+    const std::vector<unsigned char> img = file_bytes(path);
+    const section_place mat = section_of(img, 3), vec = section_of(img, 4);
+    auto loads = [&](const std::vector<unsigned char>& v) {
+      std::vector<std::uint16_t> w2(6 * 9), g2(6 * 9), b2(3), gb2(3);
+      optimizer<> o(cfg);
+      o.add_matrix({w2.data(), g2.data(), 6, 9, d, d});
+      o.add_vector({b2.data(), gb2.data(), 3, d, d});
+      o.initialize();
+      o.load_image(v.data(), v.size());
+    };
+    const std::uint16_t nan = d == dtype::bf16 ? 0x7fc0 : 0x7e00, inf = d == dtype::bf16 ? 0x7f80 : 0x7c00;
+    const std::uint16_t neg_nan = std::uint16_t(nan | 0x8001), neg_inf = std::uint16_t(inf | 0x8000);
+    // the params close each section: the matrix's 54, the vector's 3
+    const std::size_t mp = std::size_t(mat.len) - 2 * 54, vp = std::size_t(vec.len) - 2 * 3;
+    CHECK_THROWS_WITH_AS(loads(crafted(img, mat, mp + 2 * 17, &nan, 2)), doctest::Contains("matrix 0: a param is NaN"),
+                         checkpoint_error);
+    CHECK_THROWS_WITH_AS(loads(crafted(img, mat, mp + 2 * 53, &neg_nan, 2)), doctest::Contains("matrix 0: a param is NaN"),
+                         checkpoint_error);
+    CHECK_THROWS_WITH_AS(loads(crafted(img, vec, vp, &nan, 2)), doctest::Contains("vector 0: a param is NaN"),
+                         checkpoint_error);
+    CHECK_NOTHROW(loads(crafted(img, mat, mp, &inf, 2)));
+    CHECK_NOTHROW(loads(crafted(img, vec, vp + 4, &neg_inf, 2)));
+    // save: the trainer wrote a NaN into a param since; the previous file stands
+    w[20] = nan;
+    CHECK_THROWS_WITH_AS(a.save(path), doctest::Contains("refused: matrix 0 holds a param that is NaN"), std::runtime_error);
+    CHECK(file_bytes(path) == img);
+    w[20] = half;
+    b[2] = nan;
+    CHECK_THROWS_WITH_AS(a.save(path), doctest::Contains("refused: vector 0 holds a param that is NaN"), std::runtime_error);
+    CHECK(file_bytes(path) == img);
+    b[2] = half;
+    CHECK_NOTHROW(a.save(path));
+  }
   std::remove(path.c_str());
 }

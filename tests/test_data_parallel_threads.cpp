@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <functional>
 #include <stdexcept>
@@ -736,14 +739,19 @@ TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finit
 TEST_CASE("data parallel, ranks as threads: a set saved by 2 ranks resumes on 3 and on 5 ranks, bit-exact") {
   // More ranks than saved the set: each new rank's block of columns starts and ends inside the
   // old blocks (40 and 24 columns: 2 blocks of 20 and 12, read as 3 of 13-14 and 8, or 5 of 8
-  // and 4-5). Reference: one process fed 2 ranks' reduced gradient, then R' ranks'.
-  const int k = 6, n = 11;
+  // and 4-5). Reference: one process fed 2 ranks' reduced gradient, then R' ranks'. Saved at a
+  // boundary (6 steps, U = 2) and mid-window (7: the shards' accumulators hold step 7's
+  // unselected columns, each new rank's read from the old blocks and checked against the
+  // selection, which keeps the selected columns' zero).
+  const int n = 11;
   const std::string path = std::string(ZF_TEST_TMP_DIR) + "/threads_grow.ckpt";
   const config cfg = test_config(true, reduce_op::mean);
   const gradient_source src;
-  save_set_on_threads(2, cfg, src, k, path);
+  for (const int k : {6, 7})
   for (const int R : {3, 5}) {
+    CAPTURE(k);
     CAPTURE(R);
+    save_set_on_threads(2, cfg, src, k, path);
     model rm;
     optimizer<> ref(cfg);
     rm.add_to(ref);
@@ -772,4 +780,48 @@ TEST_CASE("data parallel, ranks as threads: a set saved by 2 ranks resumes on 3 
   }
   for (const auto& e : std::filesystem::directory_iterator(ZF_TEST_TMP_DIR))
     if (e.path().filename().string().rfind("threads_grow.ckpt", 0) == 0) std::filesystem::remove(e.path());
+}
+
+TEST_CASE("data parallel, ranks as threads: a manifest whose shard name holds a NUL is refused as inconsistent") {
+  // The manifest names its shards by a base; a NUL in it would end the name early where a shard
+  // is opened (another file's). The base's last character made a NUL, the checksum made right
+  // again: refused before any shard is opened.
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/threads_nul.ckpt";
+  const std::string crafted_path = std::string(ZF_TEST_TMP_DIR) + "/threads_nul_crafted.ckpt";
+  const config cfg = test_config(false, reduce_op::mean);
+  const gradient_source src;
+  save_set_on_threads(2, cfg, src, 3, path);
+  std::vector<unsigned char> img;
+  {
+    std::ifstream f(path, std::ios::binary);
+    img.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  // the shards section: the 4th (config, layout, counters, shards), after the 24-byte header;
+  // each section is a 16-byte header (tag, length), the payload, a 4-byte checksum
+  std::size_t at = 24;
+  std::uint64_t len = 0;
+  for (int s = 0; s < 4; ++s) {
+    std::memcpy(&len, img.data() + at + 8, 8);
+    if (s < 3) at += 16 + std::size_t(len) + 4;
+  }
+  const std::size_t payload = at + 16;
+  const std::string base = "threads_nul.ckpt";
+  const auto hit = std::search(img.begin() + std::ptrdiff_t(payload), img.begin() + std::ptrdiff_t(payload + len),
+                               base.begin(), base.end());
+  REQUIRE(hit != img.begin() + std::ptrdiff_t(payload + len));
+  *(hit + std::ptrdiff_t(base.size() - 1)) = 0;
+  const std::uint32_t crc = ckpt::crc32(img.data() + payload, std::size_t(len));
+  std::memcpy(img.data() + payload + len, &crc, 4);
+  std::ofstream(crafted_path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()), std::streamsize(img.size()));
+  model m;
+  optimizer<> one(cfg);
+  m.add_to(one);
+  one.initialize();
+  CHECK_THROWS_WITH_AS(one.load(crafted_path), doctest::Contains("shards section is inconsistent"), checkpoint_error);
+  CHECK(one.applied_steps() == 0);
+  CHECK_NOTHROW(one.load(path));  // (the set as saved loads)
+  CHECK(one.applied_steps() == 3);
+  std::remove(crafted_path.c_str());
+  for (const auto& e : std::filesystem::directory_iterator(ZF_TEST_TMP_DIR))
+    if (e.path().filename().string().rfind("threads_nul.ckpt", 0) == 0) std::filesystem::remove(e.path());
 }

@@ -303,13 +303,8 @@ inline void remove_stale_temporaries(const std::string& path) noexcept {
 // exactly that many payload bytes in any number of pieces, and gets its CRC on end().
 class file_writer : public typed_writes<file_writer> {
  public:
-  file_writer(const std::string& path, std::uint32_t sections) : path_(path), tmp_(temporary_name(path)) {
-    live_temporaries::add(tmp_);
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) {
-      live_temporaries::remove(tmp_);
-      throw std::runtime_error("zenflow: cannot create " + tmp_);
-    }
+  file_writer(const std::string& path, std::uint32_t sections) : path_(path) {
+    create_temporary();
 #if defined(__unix__) || defined(__APPLE__)
     ::flock(fileno(f_), LOCK_EX | LOCK_NB);  // (where locks fail, the clean-up cannot take one either)
 #endif
@@ -332,6 +327,38 @@ class file_writer : public typed_writes<file_writer> {
       std::remove(tmp_.c_str());
     }
     live_temporaries::remove(tmp_);
+  }
+
+  // Creates a new temporary file (tmp_, f_, registered as live): a name no file has — created
+  // exclusively and never through a symbolic link, so that a file or link someone left under
+  // a temporary name (a killed process of the same pid, say) is neither written through nor
+  // truncated; the next name is tried instead.
+  void create_temporary() {
+    for (int attempt = 0;; ++attempt) {
+      tmp_ = temporary_name(path_);
+      live_temporaries::add(tmp_);
+#if defined(__unix__) || defined(__APPLE__)
+      const int fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+      const int e = errno;
+      if (fd >= 0) {
+        f_ = ::fdopen(fd, "wb");
+        if (f_) return;
+        const int fe = errno;
+        ::close(fd);
+        std::remove(tmp_.c_str());
+        live_temporaries::remove(tmp_);
+        throw std::runtime_error("zenflow: cannot create " + tmp_ + " (" + std::strerror(fe) + ")");
+      }
+      live_temporaries::remove(tmp_);
+      if (e == EEXIST && attempt < 100) continue;
+      throw std::runtime_error("zenflow: cannot create " + tmp_ + " (" + std::strerror(e) + ")");
+#else
+      f_ = std::fopen(tmp_.c_str(), "wb");
+      if (f_) return;
+      live_temporaries::remove(tmp_);
+      throw std::runtime_error("zenflow: cannot create " + tmp_);
+#endif
+    }
   }
 
   void begin(std::uint32_t t, std::uint64_t len) {
@@ -419,19 +446,31 @@ class input {
  public:
   // A regular file; its size is known before anything is read.
   explicit input(const std::string& path) : name_(path) {
-    f_ = std::fopen(path.c_str(), "rb");
-    if (!f_) {
-      const int e = errno;  // (why: a missing file, permissions, too many open files)
-      throw checkpoint_error("zenflow checkpoint " + path + ": cannot open the file (" + std::strerror(e) + ")");
-    }
+    auto cannot_open = [&](int e) {  // (why: a missing file, permissions, too many open files)
+      return checkpoint_error("zenflow checkpoint " + path + ": cannot open the file (" + std::strerror(e) + ")");
+    };
 #if defined(__unix__) || defined(__APPLE__)
+    // opened without blocking, then checked: a FIFO (or a device) at the path would block a
+    // plain open until a writer came; it is refused at once instead
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) throw cannot_open(errno);
     struct stat st {};
-    if (::fstat(fileno(f_), &st) != 0 || !S_ISREG(st.st_mode)) {
-      std::fclose(f_);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
       throw checkpoint_error("zenflow checkpoint " + path + ": not a regular file");
+    }
+    const int flags = ::fcntl(fd, F_GETFL);  // (blocking reads again: a regular file's are anyway)
+    if (flags != -1) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    f_ = ::fdopen(fd, "rb");
+    if (!f_) {
+      const int e = errno;
+      ::close(fd);
+      throw cannot_open(e);
     }
     size_ = std::uint64_t(st.st_size);
 #else
+    f_ = std::fopen(path.c_str(), "rb");
+    if (!f_) throw cannot_open(errno);
     std::fseek(f_, 0, SEEK_END);
     size_ = std::uint64_t(std::ftell(f_));
     std::fseek(f_, 0, SEEK_SET);

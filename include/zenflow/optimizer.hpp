@@ -310,6 +310,11 @@ class optimizer {
     check_usable();
     if (!distributed()) check_no_pending_error("step()");
     check_grad_scale(grad_scale);
+    // (the same on every rank: applied_ is replicated)
+    if (applied_ >= max_applied_steps)
+      throw std::overflow_error("zenflow: step() refused: " + std::to_string(applied_) +
+                                " steps applied, the most a run takes (a column's 32-bit Adam count would wrap); "
+                                "nothing changed");
     // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
     if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
       const auto t0 = std::chrono::steady_clock::now();
@@ -1039,6 +1044,10 @@ class optimizer {
   // With host_gradient = sum a host update applies the sum of U steps' gradients, so the bound
   // is 2^63 / U (the config requires a fixed U then).
   static constexpr double max_applied_norm = 0x1p63;
+  // The most steps a run applies: a column's Adam count (32 bits) counts at most every applied
+  // step, so one more would wrap it to 0 (a bias correction dividing by zero). step() refuses
+  // the next one; at one step a millisecond, that is 49 days of steps.
+  static constexpr std::uint64_t max_applied_steps = std::numeric_limits<std::uint32_t>::max();
   double applied_norm_limit() const {
     return cfg_.host_gradient == window_gradient::sum ? max_applied_norm / double(cfg_.update_interval.steps)
                                                       : max_applied_norm;

@@ -105,7 +105,9 @@ struct optimizer_checkpoint {
     if (s.ranks == 0 || s.ranks > max_shards || len == 0 || len > max_base) bad("shards section is inconsistent");
     s.base.resize(len);
     r.bytes(s.base.data(), len);
-    if (s.base.find('/') != std::string::npos || s.base == "." || s.base == "..") bad("shards section is inconsistent");
+    // (a NUL would end the name early where the file is opened: another file's)
+    if (s.base.find_first_of(std::string_view("/\0", 2)) != std::string::npos || s.base == "." || s.base == "..")
+      bad("shards section is inconsistent");
     s.sizes.resize(s.ranks);
     for (auto& b : s.sizes) b = r.template get<std::uint64_t>();
     s.digests.resize(s.ranks);
@@ -380,43 +382,171 @@ struct optimizer_checkpoint {
 
   // What load refuses as a state no run reaches, refused by save before the rename instead (save
   // would otherwise replace a good checkpoint with one that cannot be loaded): fp32 masters,
-  // moments, accumulators that are not finite, second moments below 0. They come from a param
-  // that was not finite at initialize() (its master is taken from it) or that the trainer wrote
-  // since (an fp32 param is its selected columns' master). The first offender is named.
+  // moments, accumulators that are not finite, second moments below 0, accumulators that break
+  // their rule (acc_rule), params that are NaN. They come from a param that was not finite at
+  // initialize() (its master is taken from it) or that the trainer wrote since (an fp32 param
+  // is its selected columns' master); an accumulator breaking its rule, only from a fault of
+  // this library (its schedule keeps it). The first offender is named.
   // The one test of a stored fp32 value, load's (floats_ok) and save's (value_check) alike, so
   // that save refuses exactly what load would: finite, and (a second moment) not negative.
   static bool value_ok(float x, bool second_moment) noexcept {
     return std::fabs(x) <= std::numeric_limits<float>::max() && !(second_moment && x < 0.0f);
   }
+  // A param of dtype d (its bits at p) that is not NaN: an infinity can be the rounding of a
+  // finite master to f16 (or, past bf16's largest, to bf16), a NaN never (it would make every
+  // later gradient NaN: every step skipped, for good).
+  static bool param_ok(const unsigned char* p, dtype d) noexcept {
+    if (d == dtype::f32) {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x == x;
+    }
+    std::uint16_t b;
+    std::memcpy(&b, p, 2);
+    return (b & 0x7fffu) <= (d == dtype::bf16 ? 0x7f80u : 0x7c00u);  // (above: exponent all ones, a mantissa)
+  }
+  // The gradient accumulators' rule, save's and load's: an element is zero where nothing has been
+  // added since its column was last cleared — the accumulator not filling (overlap_step's other
+  // one, whose host update has finished and cleared it by the time a save or a load runs: both
+  // wait for it), every accumulator while no window is open, the selected columns (never
+  // accumulated) —; elsewhere it is a sum of `window` steps' gradients, each element of which is
+  // at most the applied bound (applied_norm_limit, 2^63 or 2^63 / U) in magnitude, so at most
+  // window x that bound. The factor 1.5 covers fp32's rounding of the products and of the running
+  // sum ((1 + 2^-24)^window < 1.5 for any window under 6.8 million steps) and keeps the window's
+  // mean squared finite in fp32 ((1.5 x 2^63)^2 < 2^128), which a crafted value past it would
+  // not: one host update would make that column's v infinite, on a step not reported skipped.
+  struct acc_rule {
+    std::uint64_t window = 0;  // the open window's applied steps
+    unsigned active = 0;       // the accumulator filling
+    double bound = 0;          // the largest magnitude where the window's sum may be
+    static acc_rule of(const Opt& o, std::uint64_t window, unsigned active) {
+      return {window, active, std::min(1.5 * double(window) * o.applied_norm_limit(),
+                                       double(std::numeric_limits<float>::max()))};
+    }
+    // must accumulator `which`'s elements of a column be zero?
+    bool zero(unsigned which, bool selected) const noexcept { return which != active || window == 0 || selected; }
+    bool ok(float x, bool zero) const noexcept { return zero ? x == 0.0f : std::fabs(x) <= bound; }
+    static constexpr const char* broken =
+        "a gradient accumulator holds what no run leaves there (a value where the schedule keeps it zero, or one past "
+        "the bound of the window's gradients)";
+  };
+  // The selected columns matrix i has in a state whose first selection was (once) or was not
+  // made yet: all k where one was, and from the start in a matrix that lives on the device, else
+  // none.
+  static std::size_t expected_active(const Opt& o, std::size_t i, bool once) {
+    return once || o.resident(i) ? o.updater_.matrix(i).k : 0;
+  }
+  // Whether the schedule's counters describe a state it reaches ("" if so, else what is wrong):
+  // load refuses the others (a resumed run would differ from every real one without an error:
+  // a warm-up with an open window delays the first selection, a count past 2^32 - 1 wraps), and
+  // save refuses to write one (a fault of this library). With W = full_warm_up_rounds: during the
+  // warm-up (applied <= W) nothing of the schedule has happened; after it, the first step has
+  // selected if any matrix selects columns, and every selection and window step is one of the
+  // applied steps after W.
+  static std::string schedule_problem(const Opt& o, std::uint64_t applied, std::uint64_t steps, std::uint64_t selections,
+                                      std::uint64_t last_selection, std::uint64_t window, bool once, bool pending) {
+    const std::uint64_t W = o.cfg_.full_warm_up_rounds;
+    if (applied > Opt::max_applied_steps)
+      return "has " + std::to_string(applied) + " applied steps; a run applies at most " +
+             std::to_string(Opt::max_applied_steps) + " (a column's Adam count has 32 bits)";
+    if (steps > std::numeric_limits<std::uint64_t>::max() / 2) return "has a step count no run reaches";
+    if (applied <= W) {
+      if (window != 0 || once || selections != 0 || last_selection != 0 || pending)
+        return "has a selection, an open window or a host update pending during the warm-up";
+      return "";
+    }
+    if (once != o.any_selected_)
+      return once ? "has a selection made, though no matrix selects columns"
+                  : "has no selection made after the warm-up, whose next step makes one";
+    if (once ? !(last_selection > W && selections >= 1 && selections <= applied - W)
+             : (selections != 0 || last_selection != 0))
+      return "has selections inconsistent with its applied steps";
+    if (window > applied - W) return "has an open window longer than the steps since the warm-up";
+    return "";
+  }
+  // Save's check of the same: the counters, each matrix's selected columns, each vector's count.
+  static std::string state_problem(const Opt& o) {
+    std::string why = schedule_problem(o, o.applied_, o.steps_, o.selections_, o.last_selection_, o.window_steps_,
+                                       o.selected_once_, o.pending_);
+    if (!why.empty()) return "its counters: the state " + why;
+    for (std::size_t i = 0; i < o.matrices_.size(); ++i)
+      if (o.updater_.matrix(i).active != expected_active(o, i, o.selected_once_))
+        return "matrix " + std::to_string(i) + "'s selection is inconsistent with its counters";
+    for (std::size_t i = 0; i < o.vectors_.size(); ++i)
+      if (o.updater_.vector(i).count != o.applied_)
+        return "vector " + std::to_string(i) + "'s Adam count is not the applied steps";
+    return "";
+  }
+  // The selected columns of a matrix as a map over its `cols` columns.
+  static std::vector<char> selected_map(const std::uint32_t* list, std::size_t n, std::size_t cols) {
+    std::vector<char> m(cols, 0);
+    for (std::size_t s = 0; s < n; ++s) m[list[s]] = 1;
+    return m;
+  }
   struct value_check {
-    std::string bad;  // "matrix 3", empty while every value checked was fine
+    std::string bad;  // "matrix 3 holds ...", empty while every value checked was fine
+    // fp32 masters or moments (second_moment: v)
     void operator()(const void* p, std::size_t count, bool second_moment, const char* kind, std::size_t index) {
       if (!bad.empty()) return;
       const auto* x = static_cast<const float*>(p);
       // (no early exit, so that it vectorises: a save scans all of its state once more)
       unsigned wrong = 0;
       for (std::size_t k = 0; k < count; ++k) wrong |= unsigned(!value_ok(x[k], second_moment));
-      if (wrong) bad = std::string(kind) + " " + std::to_string(index);
+      if (wrong) fail(kind, index, "a master, moment or accumulator that is not finite");
+    }
+    // params of dtype d
+    void params(const void* p, std::size_t count, dtype d, const char* kind, std::size_t index) {
+      if (!bad.empty()) return;
+      const auto* b = static_cast<const unsigned char*>(p);
+      const std::size_t es = size_of(d);
+      unsigned wrong = 0;
+      for (std::size_t k = 0; k < count; ++k) wrong |= unsigned(!param_ok(b + k * es, d));
+      if (wrong) fail(kind, index, "a param that is NaN (written by the trainer since initialize()?)");
+    }
+    // accumulator `which` of a block of `cols` columns of `rows`, whose columns' selection is sel
+    void accumulator(const float* a, std::size_t rows, std::size_t cols, const char* sel, unsigned which,
+                     const acc_rule& rule, std::size_t index) {
+      if (!bad.empty()) return;
+      unsigned wrong = 0, infinite = 0;
+      for (std::size_t c = 0; c < cols; ++c) {
+        const bool zero = rule.zero(which, sel[c] != 0);
+        for (std::size_t r = 0; r < rows; ++r) {
+          const float x = a[c * rows + r];
+          wrong |= unsigned(!rule.ok(x, zero));
+          infinite |= unsigned(!value_ok(x, false));
+        }
+      }
+      if (infinite) fail("matrix", index, "a master, moment or accumulator that is not finite");
+      else if (wrong)
+        fail("matrix", index,
+             "a gradient accumulator that breaks its rule (a value where the schedule keeps it zero, or one past the "
+             "bound of the window's gradients: a fault of zenflow)");
+    }
+    void fail(const char* kind, std::size_t index, const char* what) {
+      bad = std::string(kind) + " " + std::to_string(index) + " holds " + what;
     }
     void refuse_if_bad(const std::string& path) const {
       if (bad.empty()) return;
       throw std::runtime_error("zenflow: save(" + path + ") refused: " + bad +
-                               " holds a master, moment or accumulator that is not finite (a param that was not "
-                               "finite at initialize(), or written since?); a load would refuse the checkpoint, so "
-                               "it was not saved and the previous one stands");
+                               "; a load would refuse the checkpoint, so it was not saved and the previous one stands");
     }
   };
 
   template <class File, class State>
   static void write_host_arrays(const Opt& o, File& f, const State& h, value_check& check, std::size_t matrix) {
     const std::size_t n = h.rows * h.cols;
-    for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.acc[0].data()}) {
+    for (const float* a : {h.master.data(), h.exp_avg.data(), h.exp_avg_sq.data()}) {
       check(a, n, a == h.exp_avg_sq.data(), "matrix", matrix);
       f.bytes(a, 4 * n);
     }
-    if (o.cfg_.overlap_step) {
-      check(h.acc[1].data(), n, false, "matrix", matrix);
-      f.bytes(h.acc[1].data(), 4 * n);
+    // (this rank's block of the matrix's columns: from col_begin on)
+    const std::vector<char> sel = selected_map(o.selected_[matrix].data(), o.selected_[matrix].size(),
+                                               o.matrices_[matrix].cols);
+    const char* block = sel.data() + o.col_begin(matrix, o.comm_.rank());
+    const acc_rule rule = acc_rule::of(o, o.window_steps_, unsigned(o.active_acc_));
+    for (unsigned j = 0; j < (o.cfg_.overlap_step ? 2u : 1u); ++j) {
+      check.accumulator(h.acc[j].data(), h.rows, h.cols, block, j, rule, matrix);
+      f.bytes(h.acc[j].data(), 4 * n);
     }
     f.bytes(h.counts.data(), 4 * h.cols);
   }
@@ -424,6 +554,10 @@ struct optimizer_checkpoint {
   // One process's checkpoint at `path`; with `set`, the manifest of a sharded one instead (no
   // host arrays; a shards section after the counters).
   static bool write(Opt& o, const std::string& path, const set_info* set) {
+    if (const std::string why = state_problem(o); !why.empty())
+      throw std::logic_error("zenflow: save(" + path + ") refused: " + why +
+                             " (a fault of zenflow); a load would refuse the checkpoint, so it was not saved and the "
+                             "previous one stands");
     ckpt::writer conf, lay, cnt;
     write_config(conf, o.cfg_);
     lay.put<std::uint64_t>(o.matrices_.size());
@@ -471,14 +605,17 @@ struct optimizer_checkpoint {
     }
     std::vector<unsigned char> buf;
     value_check check;
-    // (kind: 0 nothing checked, 1 finite fp32s, 2 finite fp32s >= 0; of tensor `what` `index`)
-    auto from_device = [&](const void* src, std::size_t bytes, int kind = 0, const char* what = "", std::size_t index = 0) {
+    // (kind: 0 nothing checked, 1 finite fp32s, 2 finite fp32s >= 0, 3 params of dtype d, none
+    // NaN; of tensor `what` `index`)
+    auto from_device = [&](const void* src, std::size_t bytes, int kind = 0, const char* what = "", std::size_t index = 0,
+                           dtype d = dtype::f32) {
       const auto* at = static_cast<const unsigned char*>(src);
       buf.resize(std::min(bytes, ckpt::stream_chunk));  // (a multiple of 4)
       for (std::size_t off = 0; off < bytes; off += buf.size()) {
         const std::size_t m = std::min(buf.size(), bytes - off);
         o.space_.download(buf.data(), at + off, m);
-        if (kind) check(buf.data(), m / 4, kind == 2, what, index);
+        if (kind == 3) check.params(buf.data(), m / size_of(d), d, what, index);
+        else if (kind) check(buf.data(), m / 4, kind == 2, what, index);
         f.bytes(buf.data(), m);
       }
     };
@@ -509,8 +646,9 @@ struct optimizer_checkpoint {
       from_device(d.exp_avg_sq[d.cur].data(), 4 * ks, 2, "matrix", i);
       from_device(d.counts[d.cur].data(), 4 * d.active);
       if (h.on_host && !set) write_host_arrays(o, f, h, check, i);
-      // (an fp32 param that is its own master: load checks it whole, its host columns too)
-      from_device(p.param, pb, d.param_master ? 1 : 0, "matrix", i);
+      // (an fp32 param that is its own master: load checks it whole, its host columns too; any
+      // other param: not NaN)
+      from_device(p.param, pb, d.param_master ? 1 : 3, "matrix", i, p.param_type);
       f.end();
     }
     for (std::size_t i = 0; i < o.vectors_.size(); ++i) {
@@ -521,7 +659,7 @@ struct optimizer_checkpoint {
       from_device(v.exp_avg.data(), 4 * p.n, 1, "vector", i);
       from_device(v.exp_avg_sq.data(), 4 * p.n, 2, "vector", i);
       f.put<std::uint32_t>(v.count);
-      from_device(p.param, p.n * size_of(p.param_type), v.param_master ? 1 : 0, "vector", i);
+      from_device(p.param, p.n * size_of(p.param_type), v.param_master ? 1 : 3, "vector", i, p.param_type);
       f.end();
     }
     check.refuse_if_bad(path);
@@ -650,6 +788,8 @@ struct optimizer_checkpoint {
     if (!o.cfg_.update_interval.automatic && c[6] >= o.cfg_.update_interval.steps)
       bad("counters section has an open window of " + std::to_string(c[6]) + " steps; update_interval is " +
           std::to_string(o.cfg_.update_interval.steps));
+    if (const std::string why = schedule_problem(o, c[0], c[1], c[3], c[5], c[6], sel_once, pend); !why.empty())
+      bad("counters section " + why);
     std::vector<double> aa(na), ab(na);
     for (std::size_t i = 0; i < na; ++i) {
       aa[i] = rn.get<double>();
@@ -693,8 +833,12 @@ struct optimizer_checkpoint {
       std::uint32_t crc;  // pass 1's checksum: pass 2 must read the same section
     };
     std::vector<placed> where;
-    // fp32 masters and moments checked finite, v >= 0 (moments_ok), reported after the section's
-    // checksum: a damaged file is called damaged.
+    // each matrix's selected columns (a map over its columns), for its accumulators' rule
+    std::vector<std::vector<char>> selected(nm);
+    const acc_rule rule = acc_rule::of(o, c[6], acc);
+    // fp32 masters and moments checked finite, v >= 0 (moments_ok), accumulators against their
+    // rule, params not NaN, all reported after the section's checksum: a damaged file is called
+    // damaged.
     for (std::size_t i = 0; i < nm; ++i) {
       const std::size_t index = first + i;
       const ckpt::section_header h = ckpt::read_section_header(in, index);
@@ -703,7 +847,7 @@ struct optimizer_checkpoint {
       const std::size_t k = o.updater_.matrix(i).k;
       const std::size_t active = h.len == matrix_bytes(o, i, k, !sharded) || o.resident(i) ? k : 0;
       if (h.len != matrix_bytes(o, i, active, !sharded)) bad("matrix " + std::to_string(i) + " section has the wrong size");
-      const std::size_t n = p.rows * p.cols, pb = n * size_of(p.param_type);
+      const std::size_t n = p.rows * p.cols;
       const std::size_t accs = o.cfg_.overlap_step ? 2 : 1;
       const bool on_host = !o.resident(i) && !sharded;
       where.push_back({in.offset(), h.len, active, 0});
@@ -711,24 +855,37 @@ struct optimizer_checkpoint {
       const auto stored = r.get<std::uint64_t>();
       std::vector<std::uint32_t> cols(active), counts(active), hcounts(p.cols);
       r.bytes(cols.data(), 4 * active);
+      // (a column past the matrix is left out of the map: the list is refused below)
+      auto& sel = selected[i];
+      sel.assign(p.cols, 0);
+      for (const std::uint32_t col : cols)
+        if (col < p.cols) sel[col] = 1;
       bool finite = moments_ok(r, std::uint64_t(active) * p.rows, buf);
       r.bytes(counts.data(), 4 * active);
+      int accs_verdict = 0;
       if (on_host) {
         finite = moments_ok(r, std::uint64_t(n), buf) && finite;
         // (the window's gradient accumulators: a NaN there would reach every host column at the
-        // next boundary, on a step not reported skipped)
-        finite = floats_ok(r, accs * std::uint64_t(n), no_sign_check, buf) && finite;
+        // next boundary, on a step not reported skipped; so would a value past their rule's bound)
+        accs_verdict = accs_ok(r, p.rows, p.cols, unsigned(accs), sel.data(), rule, buf);
         r.bytes(hcounts.data(), 4 * p.cols);
       } else {
         hcounts.clear();
       }
       // an fp32 param that is its own master: the load takes the master from the param (the
-      // copy above is skipped), so the param is what must be finite
+      // copy above is skipped), so the param is what must be finite; any other, not NaN
+      bool params_fine = true;
       if (o.updater_.matrix(i).param_master) finite = floats_ok(r, std::uint64_t(n), no_sign_check, buf) && finite;
-      else r.skip(std::uint64_t(pb), buf);
+      else params_fine = params_ok(r, std::uint64_t(n), p.param_type, buf);
       where.back().crc = r.finish();
-      if (!finite) bad("matrix " + std::to_string(i) + ": a master, moment or accumulator is not finite, or a second moment is negative");
+      if (!finite || accs_verdict == 1)
+        bad("matrix " + std::to_string(i) + ": a master, moment or accumulator is not finite, or a second moment is negative");
+      if (accs_verdict == 2) bad("matrix " + std::to_string(i) + ": " + acc_rule::broken);
+      if (!params_fine) bad("matrix " + std::to_string(i) + ": a param is NaN");
       if (stored != active) bad("matrix " + std::to_string(i) + ": selection size differs");
+      if (active != expected_active(o, i, sel_once))
+        bad("matrix " + std::to_string(i) + " has " + std::to_string(active) + " selected columns, " +
+            (sel_once ? "though a selection was made" : "though no selection was made yet"));
       for (std::size_t s = 0; s < active; ++s)
         if (cols[s] >= p.cols || (s > 0 && cols[s] <= cols[s - 1]))
           bad("matrix " + std::to_string(i) + ": corrupt column list");
@@ -746,18 +903,22 @@ struct optimizer_checkpoint {
       if (h.len != vector_bytes(p)) bad("vector " + std::to_string(i) + " section has the wrong size");
       where.push_back({in.offset(), h.len, 0, 0});
       ckpt::section_in r(in, h.len, index);
-      bool finite = moments_ok(r, std::uint64_t(p.n), buf);
+      bool finite = moments_ok(r, std::uint64_t(p.n), buf), params_fine = true;
       const auto vc = r.get<std::uint32_t>();
       if (o.updater_.vector(i).param_master) finite = floats_ok(r, std::uint64_t(p.n), no_sign_check, buf) && finite;
-      else r.skip(std::uint64_t(p.n) * size_of(p.param_type), buf);
+      else params_fine = params_ok(r, std::uint64_t(p.n), p.param_type, buf);
       where.back().crc = r.finish();
       if (!finite) bad("vector " + std::to_string(i) + ": a master or moment is not finite, or a second moment is negative");
-      if (vc > c[0]) bad("vector " + std::to_string(i) + ": its Adam count exceeds the applied steps");
+      if (!params_fine) bad("vector " + std::to_string(i) + ": a param is NaN");
+      // (a vector is updated at every applied step, the warm-up's too)
+      if (vc != c[0])
+        bad("vector " + std::to_string(i) + ": its Adam count (" + std::to_string(vc) + ") is not the applied steps (" +
+            std::to_string(c[0]) + ")");
     }
     if (in.left() != 0) bad("trailing bytes after the last section");
     // the shards this rank reads its columns from, each checked whole
     std::vector<shard_in> shards;
-    if (sharded) shards = open_shards(o, in, set, c[0], buf);
+    if (sharded) shards = open_shards(o, in, set, c[0], rule, selected, buf);
 
     // ---- Pass 2, everything checked (data parallel: on every rank): commit ----
     o.agree_to_commit(in);
@@ -862,30 +1023,65 @@ struct optimizer_checkpoint {
     return floats_ok(r, 3 * each, 2 * each, buf);
   }
   static constexpr std::uint64_t no_sign_check = ~std::uint64_t(0);
+  // `count` values of `size` bytes (at most 4) read through the section's checksum, each handed
+  // to f (its bytes), in order.
+  template <class F>
+  static void each_value(ckpt::section_in& r, std::uint64_t count, std::size_t size, std::vector<unsigned char>& buf,
+                         F&& f) {
+    unsigned char carry[4];
+    std::size_t nc = 0;
+    r.pieces(size * count, buf, [&](const unsigned char* p, std::size_t m) {
+      std::size_t k = 0;
+      while (nc > 0 && nc < size && k < m) carry[nc++] = p[k++];  // a value split between pieces
+      if (nc == size) {
+        f(static_cast<const unsigned char*>(carry));
+        nc = 0;
+      }
+      for (; k + size <= m; k += size) f(p + k);
+      while (k < m) carry[nc++] = p[k++];
+    });
+  }
   // `count` fp32 values read through the section's checksum: every one finite, and those from
   // index v0 on also >= 0 (no_sign_check: none).
   static bool floats_ok(ckpt::section_in& r, std::uint64_t count, std::uint64_t v0, std::vector<unsigned char>& buf) {
-    unsigned char carry[4];
-    std::size_t nc = 0;
     std::uint64_t at = 0;  // the next float's index
     bool ok = true;
-    auto check = [&](const unsigned char* p) {
+    each_value(r, count, 4, buf, [&](const unsigned char* p) {
       float x;
       std::memcpy(&x, p, 4);
       ok = ok && value_ok(x, at >= v0);
       ++at;
-    };
-    r.pieces(4 * count, buf, [&](const unsigned char* p, std::size_t m) {
-      std::size_t k = 0;
-      while (nc > 0 && nc < 4 && k < m) carry[nc++] = p[k++];  // a float split between pieces
-      if (nc == 4) {
-        check(carry);
-        nc = 0;
-      }
-      for (; k + 4 <= m; k += 4) check(p + k);
-      while (k < m) carry[nc++] = p[k++];
     });
     return ok;
+  }
+  // `count` params of dtype d read through the section's checksum: none NaN (param_ok).
+  static bool params_ok(ckpt::section_in& r, std::uint64_t count, dtype d, std::vector<unsigned char>& buf) {
+    bool ok = true;
+    each_value(r, count, size_of(d), buf, [&](const unsigned char* p) { ok = ok && param_ok(p, d); });
+    return ok;
+  }
+  // The accumulator(s) of a block of `cols` columns of `rows` (accs of them, [cols][rows] each)
+  // read through the section's checksum against their rule; sel: the block's columns' selection.
+  // 0: fine, 1: a value not finite, 2: a finite value that breaks the rule.
+  static int accs_ok(ckpt::section_in& r, std::uint64_t rows, std::uint64_t cols, unsigned accs, const char* sel,
+                     const acc_rule& rule, std::vector<unsigned char>& buf) {
+    std::uint64_t row = 0, col = 0;
+    unsigned which = 0;
+    int verdict = 0;
+    each_value(r, accs * rows * cols, 4, buf, [&](const unsigned char* p) {
+      float x;
+      std::memcpy(&x, p, 4);
+      if (!value_ok(x, false)) verdict = 1;
+      else if (verdict == 0 && !rule.ok(x, rule.zero(which, sel[col] != 0))) verdict = 2;
+      if (++row == rows) {
+        row = 0;
+        if (++col == cols) {
+          col = 0;
+          ++which;
+        }
+      }
+    });
+    return verdict;
   }
 
   // Host arrays of matrix i's columns [o0, o1), as stored in a section, read where they overlap
@@ -922,6 +1118,7 @@ struct optimizer_checkpoint {
   // every checksum, finite masters and moments, counts within the applied steps — like a
   // checkpoint's own sections.
   static std::vector<shard_in> open_shards(Opt& o, ckpt::input& manifest, const set_info& set, std::uint64_t applied,
+                                           const acc_rule& rule, const std::vector<std::vector<char>>& selected,
                                            std::vector<unsigned char>& buf) {
     const std::size_t nm = o.matrices_.size();
     const int R = int(set.ranks);
@@ -980,6 +1177,9 @@ struct optimizer_checkpoint {
             std::to_string(ranks) + "; the manifest wants generation " + std::to_string(set.generation) + ", rank " +
             std::to_string(s) + " of " + std::to_string(R) + ")");
       std::size_t index = 1;
+      // a matrix whose accumulators break their rule against the manifest's selection, reported
+      // once the shard is known to be the manifest's (a shard of another set breaks it too)
+      std::string broken;
       sh.where.assign(nm, {});
       for (std::size_t i = 0; i < nm; ++i) {
         const auto& h = o.host_.matrix(i);
@@ -991,13 +1191,16 @@ struct optimizer_checkpoint {
           bad("section " + std::to_string(index) + " is not matrix " + std::to_string(i) + "'s block");
         sh.where[i] = {in.offset(), mh.len, 0};
         ckpt::section_in r(in, mh.len, index);
-        const std::uint64_t accs = o.cfg_.overlap_step ? 2 : 1;
-        bool finite = moments_ok(r, n * h.rows, buf);
-        finite = floats_ok(r, accs * n * h.rows, no_sign_check, buf) && finite;  // (the accumulators)
+        const unsigned accs = o.cfg_.overlap_step ? 2 : 1;
+        const bool finite = moments_ok(r, n * h.rows, buf);
+        // (the accumulators of the block's columns, from shard_begin(cols, R, s) on)
+        const int accs_verdict = accs_ok(r, h.rows, n, accs, selected[i].data() + detail::shard_begin(cols, R, s), rule, buf);
         std::vector<std::uint32_t> counts(n);
         r.bytes(counts.data(), 4 * n);
         sh.where[i].crc = r.finish();
-        if (!finite) bad("matrix " + std::to_string(i) + ": a master, moment or accumulator is not finite, or a second moment is negative");
+        if (!finite || accs_verdict == 1)
+          bad("matrix " + std::to_string(i) + ": a master, moment or accumulator is not finite, or a second moment is negative");
+        if (accs_verdict == 2 && broken.empty()) broken = "matrix " + std::to_string(i) + ": " + acc_rule::broken;
         for (auto x : counts)
           if (x > applied) bad("matrix " + std::to_string(i) + ": an Adam count exceeds the applied steps");
         ++index;
@@ -1005,6 +1208,7 @@ struct optimizer_checkpoint {
       if (in.left() != 0) bad("trailing bytes after the last section");
       if (in.digest() != set.digests[std::size_t(s)])  // (well formed, but not the set's: from another save)
         bad("is not the shard this manifest was saved with (its contents differ)");
+      if (!broken.empty()) bad(broken);
       out.push_back(std::move(sh));
     }
     return out;
