@@ -153,6 +153,16 @@ struct small_problem {
 
 }  // namespace
 
+// This program is built without -ftz (test_cuda_ftz is built with it and must be refused): the
+// probe that initialize() runs finds a subnormal kept through a product, a sum, a quotient and a
+// widening to double.
+TEST_CASE("cuda: a build that keeps subnormals passes the arithmetic probe" * doctest::skip(!has_gpu())) {
+  cuda_space space;
+  space.initialize();
+  CHECK_NOTHROW(space.check_arithmetic());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
 TEST_CASE("cuda: column compaction, scatter and slot moves equal the host space's" * doctest::skip(!has_gpu())) {
   zf_test::rng r(11);
   cuda_space space;

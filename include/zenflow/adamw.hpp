@@ -109,15 +109,15 @@ ZF_HD ZF_FORCEINLINE adamw_coeffs make_coeffs(const adamw_hyper& h, std::uint32_
 //   classic: g += wd*p              adamw: p *= 1 - lr*wd
 //   m += (1-b1)*(g - m);  v = b2*v + ((1-b2)*g)*g
 //   p -= (step_size*m) / (sqrt(v)/sqrt(1-b2^n) + eps)
-// (sqrt_rn and mul_rn are found by overload resolution / ADL for SIMD batches.)
+// (sqrt_rn, mul_rn and div_rn are found by overload resolution / ADL for SIMD batches.)
 template <class F>
 ZF_HD ZF_FORCEINLINE void adamw_update(F& p, F& m, F& v, F g, const adamw_terms<F>& c) noexcept {
   if (c.classic) g = g + mul_rn(c.l2, p);
   else p = mul_rn(p, c.decay);
   m = m + mul_rn(c.one_minus_b1, g - m);
   v = mul_rn(c.beta2, v) + mul_rn(mul_rn(c.one_minus_b2, g), g);
-  const F denom = sqrt_rn(v) / c.bc2_sqrt + c.eps;
-  p = p - mul_rn(c.step_size, m) / denom;
+  const F denom = div_rn(sqrt_rn(v), c.bc2_sqrt) + c.eps;
+  p = p - div_rn(mul_rn(c.step_size, m), denom);
 }
 
 // The gradient an update sees: raw * mul (loss unscale and clip factor), then / div when the
@@ -126,7 +126,7 @@ ZF_HD ZF_FORCEINLINE void adamw_update(F& p, F& m, F& v, F g, const adamw_terms<
 template <class F>
 ZF_HD ZF_FORCEINLINE F scaled_grad(F raw, F mul, F div, bool divide) noexcept {
   F g = mul_rn(raw, mul);
-  if (divide) g = g / div;
+  if (divide) g = div_rn(g, div);
   return g;
 }
 

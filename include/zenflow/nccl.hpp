@@ -49,7 +49,8 @@ namespace cuda_kernels {
 
 // out[i] = pieces[0][i] + pieces[1][i] + ... in rank order (pieces[r] at pieces + r * m), then
 // divided by `ranks` for the mean, rounded to nearest like the host's division (__fdiv_rn: the
-// same bits whatever -use_fast_math or -prec-div say).
+// same bits whatever -prec-div says; a build that flushes subnormals, -ftz=true or
+// --use_fast_math, is refused at initialize(): cuda_space::check_arithmetic).
 template <int = 0>
 __global__ void reduce_in_rank_order(const float* __restrict__ pieces, std::size_t m, int ranks, bool mean,
                                      float* __restrict__ out) {

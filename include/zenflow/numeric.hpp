@@ -131,6 +131,16 @@ ZF_HD ZF_FORCEINLINE double mul_rn(double a, double b) noexcept {
   return detail::opaque(a * b);
 #endif
 }
+// Correctly rounded quotients: on the device __fdiv_rn, which -prec-div=false (implied by
+// --use_fast_math) does not turn into an approximate division as it does a plain '/'. (Flush
+// to zero, -ftz=true, would still change it; cuda_space::initialize() refuses such a build.)
+ZF_HD ZF_FORCEINLINE float div_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
 
 // bfloat16 <-> float. Round to nearest, ties to even; NaN stays NaN (quiet bit set, sign and the
 // top payload bits kept); overflow rounds to infinity; subnormals are kept, never flushed.

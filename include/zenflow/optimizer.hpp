@@ -175,7 +175,14 @@ class optimizer {
       : cfg_(checked(cfg)), host_(cfg.host_threads), comm_(std::move(comm)) {}
   optimizer(const optimizer&) = delete;
   optimizer& operator=(const optimizer&) = delete;
+  // Waits for the work in flight, then frees everything — on the space's device, made current
+  // first (as every entry point does, and left current), so that the frees are not made on
+  // whatever device the destroying thread last used (a context created there for nothing).
   ~optimizer() {
+    try {
+      enter();
+    } catch (...) {
+    }
     try {
       quiesce();
     } catch (...) {
@@ -1393,6 +1400,8 @@ class optimizer {
   void build() {
     space_.initialize();
     check_no_pending_error("initialize()");
+    // (cuda_space: a program built to flush subnormals to zero is refused; see check_arithmetic)
+    if constexpr (requires(const Space& s) { s.check_arithmetic(); }) space_.check_arithmetic();
     // where each registered buffer lives, and its length where the space can tell (cuda_space:
     // a host pointer or a short allocation is refused here, not a fault at the first kernel)
     if constexpr (requires(const Space& s, const void* p, const std::string& who) {

@@ -91,6 +91,19 @@ inline unsigned blocks_for(std::size_t n, std::size_t per_block) {
   return b == 0 ? 1u : b < max_grid_x ? unsigned(b) : max_grid_x;
 }
 
+// A subnormal float s = in[0] (in[1] = 1) through a product, a sum, a quotient and a widening
+// to double: unchanged in IEEE arithmetic, zero where the code was compiled to flush subnormals
+// to zero (-ftz=true, which --use_fast_math implies: every f32 instruction gets .ftz). nvcc
+// defines no macro for it that a header could test, so cuda_space::check_arithmetic() runs this.
+template <int = 0>
+__global__ void arithmetic_probe(const float* in, float* out) {
+  const float s = in[0], one = in[1];
+  out[0] = __fmul_rn(s, one);
+  out[1] = __fadd_rn(s, s);
+  out[2] = __fdiv_rn(s, one);
+  out[3] = float(double(s) * 0x1p140);
+}
+
 template <class F>
 __global__ void for_each(std::size_t n, F f) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -310,6 +323,32 @@ class cuda_space {
                             "fault, which ends the CUDA context); see the README for NCCL 2.28.3 linked statically");
   }
   int device() const noexcept { return device_; }
+
+  // Refuses (std::logic_error) a program whose CUDA code flushes subnormal floats to zero: built
+  // with -ftz=true or --use_fast_math, the device's AdamW, gradient norms and column scores would
+  // differ from the host space's and from a build without it, where zenflow promises the same
+  // bits. (Division and square roots are immune to -prec-div / -prec-sqrt: the kernels call the
+  // correctly rounded intrinsics; products are never contracted: mul_rn.) The optimizer asks at
+  // initialize(), after check_no_pending_error; one small kernel on a stream of its own.
+  void check_arithmetic() const {
+    const float in[2] = {0x1p-140f, 1.0f};
+    float out[4] = {};
+    device_array<float> d(6);
+    const cudaError_t e = cuda_detail::run_alone([&](cudaStream_t s) {
+      cudaError_t r = cudaMemcpyAsync(d.data(), in, sizeof in, cudaMemcpyHostToDevice, s);
+      if (r != cudaSuccess) return r;
+      cuda_kernels::arithmetic_probe<<<1, 1, 0, s>>>(d.data(), d.data() + 2);
+      if ((r = cudaGetLastError()) != cudaSuccess) return r;
+      return cudaMemcpyAsync(out, d.data() + 2, sizeof out, cudaMemcpyDeviceToHost, s);
+    });
+    if (e != cudaSuccess) cuda_detail::throw_error(e, "the arithmetic probe", __FILE__, __LINE__);
+    if (!(out[0] == in[0] && out[1] == 2 * in[0] && out[2] == in[0] && out[3] == 1.0f))
+      throw std::logic_error(
+          "zenflow: this program's CUDA code flushes subnormal floats to zero (compiled with -ftz=true or "
+          "--use_fast_math): the device's AdamW, gradient norms and selections would not give the bits the host space "
+          "and other builds give. Compile the translation units that include zenflow's CUDA headers without "
+          "--use_fast_math (or add -ftz=false after it); the trainer's own kernels may keep it in units of their own");
+  }
 
   // Whether kernels on this space's GPU can use `bytes` at p, a param or grad the trainer
   // registered (`who` names it); the optimizer asks at initialize(), once the device is chosen,

@@ -249,11 +249,13 @@ template <> struct ops_for<isa::avx512_bf16> { using type = avx512_bf16_ops; };
 }  // namespace zenflow::host::detail
 
 namespace xsimd {
-// The unfused product and the square root of adamw.hpp, for batches (found by ADL).
+// The unfused product, the square root and the quotient of adamw.hpp, for batches (found by ADL).
 template <class A>
 ZF_FORCEINLINE batch<float, A> mul_rn(const batch<float, A>& a, const batch<float, A>& b) noexcept {
   return batch<float, A>(zenflow::detail::opaque(typename batch<float, A>::register_type(a * b)));
 }
 template <class A>
 ZF_FORCEINLINE batch<float, A> sqrt_rn(const batch<float, A>& x) noexcept { return xsimd::sqrt(x); }
+template <class A>
+ZF_FORCEINLINE batch<float, A> div_rn(const batch<float, A>& a, const batch<float, A>& b) noexcept { return a / b; }
 }  // namespace xsimd
