@@ -63,6 +63,10 @@ struct scenario {
   int steps = 30;
   double nan_rate = 0;
   bool vary_scale = false;
+  // set_lr before every step, to lr x (1 + sin(0.9 step) / 2): a schedule's lr changing
+  // mid-window (the reference applies a window's host update with the lr of its boundary step,
+  // as the optimizer does: README, "The optimizer")
+  bool vary_lr = false;
   std::uint64_t seed = 1;
 };
 
@@ -190,6 +194,11 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
   std::vector<std::vector<double>> gm, gv;
   for (int step = 0; step < sc.steps; ++step) {
     CAPTURE(step);
+    if (sc.vary_lr) {
+      const float lr = float(double(sc.cfg.adam.lr) * (1.0 + 0.5 * std::sin(0.9 * step)));
+      opt.set_lr(lr);
+      model.cfg.lr = lr;  // (the float the optimizer holds, exactly)
+    }
     const double scale = tr.next(gm, gv);
     buffers.push(tr);
     const step_info info = opt.step(float(scale));
@@ -287,6 +296,7 @@ inline scenario random_scenario(std::uint64_t seed) {
   c.reselect_moments = r.below(3) == 0 ? reselect_policy::reset : reselect_policy::keep;
   // (drawn last; the sum needs a fixed U)
   c.host_gradient = r.below(4) == 0 && u != 0 ? window_gradient::sum : window_gradient::mean;
+  sc.vary_lr = seed % 2 == 0;  // (no draw: the scenarios above stay the seeds' own)
 
   zf_ref::zf_config& f = sc.ref;
   f.topk_ratio = ratio;

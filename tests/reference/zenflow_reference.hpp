@@ -103,7 +103,9 @@ class zenflow_model {
     const std::uint64_t t = applied + 1;
     double coef = 1;
     if (cfg.max_grad_norm > 0) coef = std::min(1.0, cfg.max_grad_norm / (std::sqrt(sumsq) + 1e-6));
-    if (std::sqrt(sumsq) * coef > 0x1p63) {  // g^2 could overflow fp32 and freeze a column: skipped
+    // g^2 could overflow fp32 and freeze a column: skipped (a window's sum applied whole: its
+    // gradients' bound is 2^63 / U, so that their sum is within 2^63)
+    if (std::sqrt(sumsq) * coef > 0x1p63 / (cfg.window_sum ? double(cfg.update_interval) : 1.0)) {
       ++skipped;
       return false;
     }
