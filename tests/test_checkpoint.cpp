@@ -975,6 +975,28 @@ TEST_CASE("checkpoint: a file of other registrations is refused, naming what dif
   std::remove(path.c_str());
 }
 
+// A path with a NUL character in it would name another file (the name ends there where the file
+// is opened): save and load refuse it, and nothing is written at the shortened name.
+TEST_CASE("checkpoint: a path holding a NUL is refused by save and load") {
+  const std::string shortened = temp_path("nul-path"), path = shortened + std::string("\0.zfckpt", 8);
+  std::remove(shortened.c_str());
+  std::vector<float> w(12, 0.5f), g(12, 0.01f);
+  optimizer<> opt{config{}};
+  opt.add_matrix({w.data(), g.data(), 3, 4});
+  opt.initialize();
+  opt.step();
+  CHECK_THROWS_WITH_AS(opt.save(path), doctest::Contains("holds a NUL character"), std::invalid_argument);
+  CHECK_FALSE(std::filesystem::exists(shortened));
+  CHECK(opt.usable());
+  opt.save(shortened);  // (a file at the shortened name, which the load must not read)
+  optimizer<> back{config{}};
+  back.add_matrix({w.data(), g.data(), 3, 4});
+  back.initialize();
+  CHECK_THROWS_WITH_AS(back.load(path), doctest::Contains("holds a NUL character"), checkpoint_error);
+  CHECK(back.applied_steps() == 0);
+  std::remove(shortened.c_str());
+}
+
 // Checksums right, counters past what a run reaches or describing a schedule it never follows:
 // refused, the optimizer unchanged. The file: one step of a 6x9 matrix and a vector, no warm-up
 // (applied 1, one selection at step 1, a window of 1 open), or with a warm-up of 3 (applied 1,

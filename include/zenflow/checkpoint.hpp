@@ -304,6 +304,9 @@ inline void remove_stale_temporaries(const std::string& path) noexcept {
 class file_writer : public typed_writes<file_writer> {
  public:
   file_writer(const std::string& path, std::uint32_t sections) : path_(path) {
+    // (a NUL would end the name early where the file is made: another file's)
+    if (path.find('\0') != std::string::npos)
+      throw std::invalid_argument("zenflow: a checkpoint path holds a NUL character; nothing was written");
     create_temporary();
 #if defined(__unix__) || defined(__APPLE__)
     ::flock(fileno(f_), LOCK_EX | LOCK_NB);  // (where locks fail, the clean-up cannot take one either)
@@ -449,6 +452,8 @@ class input {
     auto cannot_open = [&](int e) {  // (why: a missing file, permissions, too many open files)
       return checkpoint_error("zenflow checkpoint " + path + ": cannot open the file (" + std::strerror(e) + ")");
     };
+    // (a NUL would end the name early where the file is opened: another file's)
+    if (path.find('\0') != std::string::npos) throw checkpoint_error("zenflow checkpoint: the path holds a NUL character");
 #if defined(__unix__) || defined(__APPLE__)
     // opened without blocking, then checked: a FIFO (or a device) at the path would block a
     // plain open until a writer came; it is refused at once instead

@@ -444,8 +444,16 @@ struct optimizer_checkpoint {
   // selected if any matrix selects columns, and every selection and window step is one of the
   // applied steps after W.
   static std::string schedule_problem(const Opt& o, std::uint64_t applied, std::uint64_t steps, std::uint64_t selections,
-                                      std::uint64_t last_selection, std::uint64_t window, bool once, bool pending) {
+                                      std::uint64_t last_selection, std::uint64_t window, bool once, bool pending,
+                                      unsigned acc) {
     const std::uint64_t W = o.cfg_.full_warm_up_rounds;
+    // without overlap_step no second accumulator and no host update pending across a step; an
+    // open window always shorter than a fixed update_interval
+    if (!o.cfg_.overlap_step && acc != 0) return "selects the second accumulator, which only overlap_step uses";
+    if (!o.cfg_.overlap_step && pending) return "has a host update pending, which only overlap_step leaves";
+    if (!o.cfg_.update_interval.automatic && window >= o.cfg_.update_interval.steps)
+      return "has an open window of " + std::to_string(window) + " steps; update_interval is " +
+             std::to_string(o.cfg_.update_interval.steps);
     if (applied > Opt::max_applied_steps)
       return "has " + std::to_string(applied) + " applied steps; a run applies at most " +
              std::to_string(Opt::max_applied_steps) + " (a column's Adam count has 32 bits)";
@@ -467,7 +475,7 @@ struct optimizer_checkpoint {
   // Save's check of the same: the counters, each matrix's selected columns, each vector's count.
   static std::string state_problem(const Opt& o) {
     std::string why = schedule_problem(o, o.applied_, o.steps_, o.selections_, o.last_selection_, o.window_steps_,
-                                       o.selected_once_, o.pending_);
+                                       o.selected_once_, o.pending_, unsigned(o.active_acc_));
     if (!why.empty()) return "its counters: the state " + why;
     for (std::size_t i = 0; i < o.matrices_.size(); ++i)
       if (o.updater_.matrix(i).active != expected_active(o, i, o.selected_once_))
@@ -779,16 +787,7 @@ struct optimizer_checkpoint {
     if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != nm) || c[2] > c[1] || c[0] != c[1] - c[2] ||
         c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
       bad("counters section is inconsistent");
-    // states the schedule can reach: without overlap_step no second accumulator and no host
-    // update pending across a step; an open window always shorter than a fixed update_interval
-    if (!o.cfg_.overlap_step && acc != 0)
-      bad("counters section selects the second accumulator, which only overlap_step uses");
-    if (!o.cfg_.overlap_step && pend != 0)
-      bad("counters section has a host update pending, which only overlap_step leaves");
-    if (!o.cfg_.update_interval.automatic && c[6] >= o.cfg_.update_interval.steps)
-      bad("counters section has an open window of " + std::to_string(c[6]) + " steps; update_interval is " +
-          std::to_string(o.cfg_.update_interval.steps));
-    if (const std::string why = schedule_problem(o, c[0], c[1], c[3], c[5], c[6], sel_once, pend); !why.empty())
+    if (const std::string why = schedule_problem(o, c[0], c[1], c[3], c[5], c[6], sel_once, pend, acc); !why.empty())
       bad("counters section " + why);
     std::vector<double> aa(na), ab(na);
     for (std::size_t i = 0; i < na; ++i) {
