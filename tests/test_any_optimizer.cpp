@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -184,6 +185,7 @@ struct pointer_stream_space : host_space {
     current = s;
     ++sets;
   }
+  int* stream() const noexcept { return current; }
 };
 }  // namespace
 
@@ -223,4 +225,44 @@ TEST_CASE("any_optimizer: a call without a stream keeps the optimizer's stream; 
   pointer_stream_space::sets = 0;
   c.initialize();
   CHECK(pointer_stream_space::sets == 0);
+}
+
+// A refused call changes nothing, its stream included: on cuda_space a refused step(s, NaN) that
+// had switched to s (as it did) made the next step(grad_scale) run on s, a stream the trainer may
+// have destroyed since, the call having failed.
+TEST_CASE("any_optimizer: a refused call, or an initialize() that fails, leaves the optimizer's stream as it was") {
+  using opt_t = optimizer<pointer_stream_space, column_topk, fused_adamw<pointer_stream_space>, simd_accumulator,
+                          host_copy, synchronous>;
+  int s1 = 0, scratch = 0;
+  {  // initialize() that fails (nothing registered), then one refused before it runs
+    any_optimizer a = any_optimizer::make<opt_t>("pointer streams", test_config());
+    pointer_stream_space::current = &s1;
+    CHECK_THROWS_WITH_AS(a.initialize(&scratch), "zenflow: initialize(): no parameters registered",
+                         std::invalid_argument);
+    CHECK(pointer_stream_space::current == &s1);
+    CHECK_THROWS_WITH_AS(a.step(&scratch, 1.0f), "zenflow: step() before initialize()", std::invalid_argument);
+    CHECK(pointer_stream_space::current == &s1);
+  }
+  buffers b;
+  any_optimizer a = any_optimizer::make<opt_t>("pointer streams", test_config());
+  b.add_to(a);
+  a.initialize(&s1);
+  CHECK_THROWS_WITH_AS(a.initialize(&scratch), "zenflow: initialize() called twice", std::invalid_argument);
+  CHECK(pointer_stream_space::current == &s1);
+  b.gradients(0);
+  for (float bad : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e-39f}) {
+    CAPTURE(bad);
+    pointer_stream_space::sets = 0;
+    CHECK_THROWS_AS(a.step(&scratch, bad), std::invalid_argument);
+    CHECK(pointer_stream_space::current == &s1);
+    CHECK(pointer_stream_space::sets == 0);
+  }
+  CHECK(a.applied_steps() == 0);
+  a.step(1.0f);  // on s1, as before the refused calls
+  CHECK(pointer_stream_space::current == &s1);
+  CHECK(a.applied_steps() == 1);
+  b.gradients(1);
+  a.step(&scratch, 1.0f);  // a call that runs switches
+  CHECK(pointer_stream_space::current == &scratch);
+  CHECK(a.applied_steps() == 2);
 }

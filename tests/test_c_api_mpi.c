@@ -200,9 +200,15 @@ static void one_rank_wrong(const char* path) {
   if (!opt) return;
   init_model(&m);
   add(opt, &m);
-  OK(zf_initialize(opt));
+  /* a stream (the host space has none) on the last rank: refused on every rank, nothing built */
+  CHECK(zf_initialize_on_stream(opt, me == last ? (void*)&failures : NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), me == last ? "has no streams" : "another rank's initialize() failed"));
+  OK(zf_initialize_on_stream(opt, NULL));
   static struct model scratch;
   gradients(&m, &m, &scratch, 1);
+  /* the same in a step: refused on every rank, the gradients still there for the step after */
+  CHECK(zf_step_on_stream(opt, me == 0 ? (void*)&failures : NULL, 1.0f, NULL) == ZF_INVALID_ARGUMENT);
+  CHECK(contains(zf_last_error(), me == 0 ? "has no streams" : "rank 0's call passed an argument it refuses"));
   OK(zf_step(opt, 1.0f, NULL));
   before = m;
   /* a NULL path on the last rank */

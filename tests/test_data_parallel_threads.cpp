@@ -429,6 +429,63 @@ TEST_CASE("data parallel, ranks as threads: a bad matrix id on one rank refuses 
   }
 }
 
+// any_optimizer's stream calls on a space without streams refuse a stream themselves: on one rank
+// alone that refusal must go through the call's vote (before, the rank threw at once and the
+// others waited for it in initialize()'s vote or the step's for ever). Every rank refuses, the
+// rank at fault with its own message, nothing is built or changed, and the run goes on
+// bit-exactly (against the one-process reference fed the reduced gradient).
+TEST_CASE("data parallel, ranks as threads: a stream passed on one rank to a space without streams is refused on "
+          "every rank, initialize() and step() alike") {
+  const int R = 3, n = 9, bad = 5;
+  const config cfg = test_config(true);
+  const gradient_source src;
+  const auto want = reduced_reference(cfg, src, R, n);
+  const std::string own = "zenflow: this optimizer's space has no streams; pass no stream";
+
+  zf_test::thread_hub hub(R);
+  std::vector<std::vector<unsigned char>> got(R);
+  std::vector<std::string> init_refused(R), step_refused(R);
+  std::vector<int> built_after_refusal(R, -1);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    any_optimizer opt =
+        any_optimizer::create<host_space>(optimizer_kind::zenflow, cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    int not_a_stream = 0;
+    try {
+      opt.initialize(r == 1 ? static_cast<void*>(&not_a_stream) : nullptr);
+    } catch (const std::invalid_argument& e) {
+      init_refused[std::size_t(r)] = e.what();
+    }
+    built_after_refusal[std::size_t(r)] = opt.initialized() ? 1 : 0;
+    opt.initialize(nullptr);  // on every rank, as if the refused call never were
+    for (int s = 0; s < n; ++s) {
+      src.fill_all(m, s, r, 0, reduce_op::mean);
+      if (s == bad) {
+        try {
+          (void)opt.step(r == 2 ? static_cast<void*>(&not_a_stream) : nullptr, 1.0f);
+        } catch (const std::invalid_argument& e) {
+          step_refused[std::size_t(r)] = e.what();
+        }
+      }
+      (void)opt.step(nullptr, 1.0f);
+    }
+    got[std::size_t(r)] = state_of(opt, m);
+  });
+  for (int r = 0; r < R; ++r) {
+    CAPTURE(r);
+    CHECK(built_after_refusal[std::size_t(r)] == 0);
+    CHECK(init_refused[std::size_t(r)] ==
+          (r == 1 ? own
+                  : "zenflow: initialize(): another rank's initialize() failed; nothing was built on this rank either"));
+    CHECK(step_refused[std::size_t(r)] ==
+          (r == 2 ? own
+                  : "zenflow: step() refused on every rank: rank 2's call passed an argument it refuses (that rank "
+                    "throws why); nothing was changed"));
+    CHECK(got[std::size_t(r)] == want);
+  }
+}
+
 // The ranks' gather space grows in the middle of a step (its first statistics gather here): a
 // rank that cannot allocate it throws its error and the others throw too (they waited in the
 // gather for ever), every rank stops alike (the step failed midway: refused until a load), and

@@ -168,29 +168,29 @@ class any_optimizer {
     Opt o;
 
     using stream_type = typename std::remove_reference_t<decltype(o.space())>::stream_type;
-    // The space's stream from a void*: a pointer-like stream handle converts; a space without
-    // streams accepts only nullptr.
-    static bool with_stream(void* s, stream_type& out) {
-      if constexpr (std::is_pointer_v<stream_type>) {
-        out = static_cast<stream_type>(s);
-        return true;
-      } else {
-        if (s) throw std::invalid_argument("zenflow: this optimizer's space has no streams; pass no stream");
-        return false;
-      }
-    }
+    static constexpr bool has_streams = std::is_pointer_v<stream_type>;
+    // A space without streams accepts only nullptr; the refusal goes through the optimizer (data
+    // parallel: the call's vote), so that every rank refuses the call, none waiting in it.
+    static constexpr const char* no_streams = "this optimizer's space has no streams; pass no stream";
 
     matrix_id add_matrix(const matrix_param& p) override { return o.add_matrix(p); }
     vector_id add_vector(const vector_param& p) override { return o.add_vector(p); }
     void initialize(void* s) override {
-      stream_type st{};
-      if (with_stream(s, st)) o.initialize(st);
-      else o.initialize();
+      if constexpr (has_streams) {
+        o.initialize(static_cast<stream_type>(s));
+      } else {
+        if (s) o.refuse_initialize(no_streams);
+        o.initialize();
+      }
     }
     void initialize_here() override { o.initialize(); }
     step_info step(void* s, float grad_scale) override {
-      stream_type st{};
-      return with_stream(s, st) ? o.step(st, grad_scale) : o.step(grad_scale);
+      if constexpr (has_streams) {
+        return o.step(static_cast<stream_type>(s), grad_scale);
+      } else {
+        if (s) o.refuse_step(no_streams);
+        return o.step(grad_scale);
+      }
     }
     step_info step_here(float grad_scale) override { return o.step(grad_scale); }
     bool usable() const noexcept override { return o.usable(); }

@@ -104,7 +104,8 @@ zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) ZF_NOEXCEPT
 /* zf_initialize and zf_step with the space's stream: for an optimizer on a GPU (<zenflow/c_cuda.h>)
  * the trainer's cudaStream_t as void* (NULL: the default stream), which the calls without a
  * stream then keep using; an optimizer on the host space has no streams and takes only NULL
- * (anything else is ZF_INVALID_ARGUMENT). */
+ * (anything else is ZF_INVALID_ARGUMENT). A call that fails before it runs (refused) leaves the
+ * stream the handle had, and so does a zf_initialize_on_stream that fails. */
 zf_status zf_initialize_on_stream(zf_optimizer* opt, void* stream) ZF_NOEXCEPT;
 zf_status zf_step_on_stream(zf_optimizer* opt, void* stream, float grad_scale, int* applied) ZF_NOEXCEPT;
 zf_status zf_synchronize(zf_optimizer* opt) ZF_NOEXCEPT;

@@ -4,12 +4,14 @@
  * function is <zenflow/c.h>'s, on the handle it returns. Link the zenflow::c_mpi library (CMake),
  * or compile <zenflow/c_mpi_impl.hpp> into one C++ file of your own beside <zenflow/c_impl.hpp>.
  *
- * Collectives — every rank of comm calls them, in the same order: zf_create_mpi, zf_initialize,
- * zf_step, zf_synchronize, zf_copy_master, zf_save, zf_load and zf_destroy. A call one rank
- * refuses (a bad argument, an error on that rank) fails on every rank, the rank at fault with its
- * own message; none is left waiting. zf_add_matrix, zf_add_vector, zf_set_group, zf_set_lr and
- * zf_stats_get are each rank's own, but every rank must register the same tensors and set the
- * same learning rate (zf_initialize and zf_step refuse otherwise, on every rank). zf_save writes a
+ * Collectives — every rank of comm calls them, in the same order: zf_create_mpi, zf_initialize
+ * (or zf_initialize_on_stream), zf_step (or zf_step_on_stream), zf_synchronize, zf_copy_master,
+ * zf_save, zf_load and zf_destroy. A call one rank refuses (a bad argument, an error on that rank)
+ * fails on every rank, the rank at fault with its own message; none is left waiting — but for a
+ * NULL handle, refused on that rank alone (there is no communicator to tell the others through).
+ * zf_add_matrix, zf_add_vector, zf_set_group, zf_set_lr and zf_stats_get are each rank's own, but
+ * every rank must register the same tensors and set the same learning rate (zf_initialize and
+ * zf_step refuse otherwise, on every rank). zf_save writes a
  * shard per rank and a manifest at path; zf_load reads such a set, written by any number of ranks.
  *
  *   MPI_Init(&argc, &argv);

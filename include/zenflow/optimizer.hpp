@@ -222,12 +222,30 @@ class optimizer {
   // a difference every rank throws the same error naming the first rank that differs from rank 0
   // and what differs — instead of collectives that do not match, or replicated state that drifts
   // apart unseen.
-  void initialize() {
+  void initialize() { initialize_or_refuse(nullptr); }
+  // A wrapper's refusal of an argument of this rank's initialize() or step() (any_optimizer: a
+  // stream for a space without streams): throws std::invalid_argument("zenflow: " + why) with
+  // nothing changed — data parallel after this rank's part in the call's first vote, so that the
+  // other ranks refuse the call too (naming this rank) instead of waiting for this one in it.
+  [[noreturn]] void refuse_initialize(const std::string& why) {
+    initialize_or_refuse(&why);
+    fail(why);  // (not reached: the call above throws)
+  }
+  [[noreturn]] void refuse_step(const std::string& why) {
+    if (!initialized_) fail("step() before initialize()");
+    enter();
+    if (distributed()) agree_to_step(1.0f, &why);  // (throws)
+    fail(why);
+  }
+
+ private:
+  void initialize_or_refuse(const std::string* refused) {
     if (initialized_) fail("initialize() called twice");
     // (no enter(): space_.initialize() checks the device and makes it current, with a clear
     // error and a rollback when there is none)
     std::exception_ptr failed;
     try {
+      if (refused) fail(*refused);
       if (matrices_.empty() && vectors_.empty()) fail("initialize(): no parameters registered");
       build();
     } catch (...) {
@@ -281,19 +299,32 @@ class optimizer {
     initialized_ = true;
   }
 
+ public:
   // initialize() with the device work ordered on `stream` (a cudaStream_t on cuda_space).
+  // A call refused, or an initialize() that fails, leaves the optimizer's stream as it was.
   void initialize(typename Space::stream_type stream) {
-    use_stream(stream);
-    initialize();
+    if (initialized_) fail("initialize() called twice");
+    if constexpr (requires { space_.stream(); }) {
+      const auto before = space_.stream();
+      use_stream(stream);
+      try {
+        initialize();
+      } catch (...) {
+        use_stream(before);  // (nothing queued after a failed initialize(): it only sets it back)
+        throw;
+      }
+    } else {
+      use_stream(stream);
+      initialize();
+    }
   }
 
   // ---- training ---------------------------------------------------------------------------
   // step() on `stream`: the optimizer's device work is ordered after what the trainer enqueued
-  // there (its backward) and before what it enqueues next.
-  step_info step(typename Space::stream_type stream, float grad_scale = 1.0f) {
-    use_stream(stream);
-    return step(grad_scale);
-  }
+  // there (its backward) and before what it enqueues next. The stream changes once the call's
+  // arguments and the optimizer's state are checked (data parallel: voted on): a refused call
+  // leaves the stream as it was.
+  step_info step(typename Space::stream_type stream, float grad_scale = 1.0f) { return step_on(&stream, grad_scale); }
 
   // One optimizer step with the gradients currently in the registered grad buffers, which hold
   // the loss scaled by grad_scale. Returns what happened; a gradient that is not finite, or that
@@ -310,7 +341,10 @@ class optimizer {
   // those: there only the vectors and its blocks' columns) — and its own gradient elsewhere (all
   // of them reduced with a communicator that has no reduce_scatter: mpi_allreduce_communicator,
   // nccl_allreduce_communicator).
-  step_info step(float grad_scale = 1.0f) {
+  step_info step(float grad_scale = 1.0f) { return step_on(nullptr, grad_scale); }
+
+ private:
+  step_info step_on(const typename Space::stream_type* stream, float grad_scale) {
     if (!initialized_) fail("step() before initialize()");
     enter();
     if (distributed()) agree_to_step(grad_scale);  // (which carries a pending error: below, one process)
@@ -322,6 +356,8 @@ class optimizer {
       throw std::overflow_error("zenflow: step() refused: " + std::to_string(applied_) +
                                 " steps applied, the most a run takes (a column's 32-bit Adam count would wrap); "
                                 "nothing changed");
+    // (a hand-over the runtime refuses throws here, nothing changed but what set_stream says)
+    if (stream) use_stream(*stream);
     // (one rank: the reduction is the identity — a sum of one, a division by 1 — and is skipped)
     if (data_parallel && comm_.size() > 1) {  // changes no optimizer state
       const auto t0 = std::chrono::steady_clock::now();
@@ -331,6 +367,8 @@ class optimizer {
     }
     return guarded([&] { return step_checked(grad_scale); });
   }
+
+ public:
   // Finishes any host update in flight and makes its result visible in the params (on the CUDA
   // space: the uploads enqueued on the optimizer's stream, current in that stream's order).
   void synchronize() {
@@ -1193,7 +1231,8 @@ class optimizer {
     float scale;
     float lr;
     // 1: a step failed midway; 2: a background job's error waits; 3: an earlier call left an
-    // error on the thread (error_pending: a CUDA error nobody checked)
+    // error on the thread (error_pending: a CUDA error nobody checked); 4: a wrapper refused an
+    // argument of this rank's call (refuse_step)
     std::uint32_t cannot;
   };
   static_assert(sizeof(step_vote) == 12);
@@ -1201,7 +1240,7 @@ class optimizer {
     if constexpr (requires { scheduler_.failed(); }) return scheduler_.failed();
     else return false;
   }
-  void agree_to_step(float grad_scale) {
+  void agree_to_step(float grad_scale, const std::string* refused = nullptr) {
     const std::size_t R = std::size_t(comm_.size()), me = std::size_t(comm_.rank());
     // the last step's offload finished first, so that its error, if any, is in this vote (one
     // found later in the step would be this rank's alone; the step waits for it anyway before
@@ -1214,6 +1253,7 @@ class optimizer {
     if (!broken_.empty()) votes[me].cannot = 1;
     else if (scheduler_failed()) votes[me].cannot = 2;
     else if (error_pending()) votes[me].cannot = 3;
+    else if (refused) votes[me].cannot = 4;
     vote_bytes_.assign(R, sizeof(step_vote));
     all_gather_host(votes.data(), vote_bytes_.data());
     shared_ += std::uint64_t(R - 1) * sizeof(step_vote);
@@ -1241,6 +1281,11 @@ class optimizer {
                                " has an error left on its thread by an earlier call, not zenflow's (it throws "
                                "that error); nothing was changed: step again once that rank has cleared it");
     }
+    if (votes[me].cannot == 4) fail(*refused);
+    for (std::size_t r = 0; r < R; ++r)
+      if (votes[r].cannot == 4)
+        fail("step() refused on every rank: rank " + std::to_string(r) +
+             "'s call passed an argument it refuses (that rank throws why); nothing was changed");
     for (std::size_t r = 0; r < R; ++r) {
       if (grad_scale_ok(votes[r].scale)) continue;
       if (r == me) check_grad_scale(grad_scale);
