@@ -104,7 +104,8 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // zenflow runs threads of its own; only this one calls MPI
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   const zf_bench::args a("data_parallel", argc, argv, {"--dim", "--matrices", "--steps", "--threads"});
   const std::size_t dim = a.count("--dim", 1024, 1, 1 << 16), nmat = a.count("--matrices", 8, 1, 4096);
   const int steps = int(a.count("--steps", 32, 1, 1 << 20));

@@ -240,7 +240,8 @@ static void one_rank_wrong(const char* path) {
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0; /* zenflow runs threads of its own; only this one calls MPI */
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   const char* dir = argc > 1 ? argv[1] : ".";

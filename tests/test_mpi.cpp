@@ -255,6 +255,34 @@ run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, in
 
 }  // namespace
 
+// A communicator the optimizer cannot work over is refused at once, alike on every rank (local
+// checks, before the duplication, a collective): MPI_COMM_NULL, and an intercommunicator, whose
+// collectives join its two groups while rank() and size() would describe one of them.
+TEST_CASE("data parallel: mpi_communicator refuses MPI_COMM_NULL and an intercommunicator") {
+  CHECK_THROWS_WITH_AS(mpi_communicator{MPI_COMM_NULL}, "zenflow: mpi_communicator of MPI_COMM_NULL",
+                       std::invalid_argument);
+  if (ranks() < 2) return;  // (an intercommunicator needs two groups: the runs with 2 to 4 ranks)
+  const int color = my_rank() % 2;
+  MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, color, my_rank(), &half);
+  // the other group's leader, by its MPI_COMM_WORLD rank: 1 for the even ranks, 0 for the odd
+  MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, color == 0 ? 1 : 0, 77, &inter);
+  int is_inter = 0;
+  MPI_Comm_test_inter(inter, &is_inter);
+  REQUIRE(is_inter);
+  CHECK_THROWS_WITH_AS(mpi_communicator{inter}, doctest::Contains("zenflow: mpi_communicator of an intercommunicator"),
+                       std::invalid_argument);
+  MPI_Intercomm_merge(inter, color, &merged);  // one group of every rank: taken
+  {
+    mpi_communicator all(merged);
+    CHECK(all.size() == ranks());
+    CHECK(all.all_agree(true));
+  }
+  MPI_Comm_free(&merged);
+  MPI_Comm_free(&inter);
+  MPI_Comm_free(&half);
+}
+
 TEST_CASE("data parallel: R ranks equal one process fed the reduced gradient, bit for bit, on every rank") {
   // selections at t = 1, 5, 9, 13 (3, 7, 11 after two warm-up steps); boundaries every 2; the
   // last one, at t = 12, is still pending at the end with overlap
@@ -2414,7 +2442,8 @@ struct abort_on_escape : doctest::IReporter {
 REGISTER_LISTENER("abort_on_escape", 1, abort_on_escape);
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // zenflow runs threads of its own; only this one calls MPI
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rc = 0;
   {
     doctest::Context ctx(argc, argv);

@@ -436,7 +436,8 @@ int main(int argc, char** argv) try {
   if (data_parallel) {
     if (ablation) throw std::invalid_argument("--ablation runs in one process: not with --data-parallel");
 #ifdef CHAR_LM_MPI
-    MPI_Init(&argc, &argv);
+    int provided = 0;  // zenflow runs threads of its own; only this one calls MPI
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     mpi_started = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &o.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &o.ranks);

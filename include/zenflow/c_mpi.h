@@ -14,7 +14,8 @@
  * zf_step refuse otherwise, on every rank). zf_save writes a
  * shard per rank and a manifest at path; zf_load reads such a set, written by any number of ranks.
  *
- *   MPI_Init(&argc, &argv);
+ *   int provided;   (zenflow's own threads never call MPI: README, "Data parallel over MPI")
+ *   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
  *   zf_optimizer* opt;
  *   if (zf_create_mpi("zenflow", NULL, MPI_COMM_WORLD, &opt) != ZF_OK) { ...zf_last_error()... }
  *   zf_add_matrix(opt, w, dw, out, in, ZF_F32, ZF_F32, ZF_ROW_MAJOR, NULL);

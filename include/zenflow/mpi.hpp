@@ -70,6 +70,15 @@ class mpi_communicator {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw std::logic_error("zenflow: mpi_communicator made before MPI_Init");
+    // (local checks, alike on every rank that passes the same communicator: no rank waits in the
+    // dup below for one that refused)
+    if (comm == MPI_COMM_NULL) throw std::invalid_argument("zenflow: mpi_communicator of MPI_COMM_NULL");
+    int inter = 0;
+    check(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
+    if (inter)
+      throw std::invalid_argument(
+          "zenflow: mpi_communicator of an intercommunicator: its collectives join two groups, where the optimizer's "
+          "ranks must be one group (pass an intracommunicator, e.g. MPI_Intercomm_merge's)");
     check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become exceptions, not aborts
     MPI_Comm_rank(comm_, &rank_);

@@ -6,7 +6,8 @@
 #include <zenflow/c_mpi.h>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0; /* zenflow runs threads of its own; only this one calls MPI */
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   float w[16] = {0}, g[16];
   for (int i = 0; i < 16; ++i) g[i] = 0.01f * (float)(i - 8);
   zf_optimizer* opt = NULL;
