@@ -159,6 +159,27 @@ static void trains_as_one_process_fed_the_mean(const char* path) {
   zf_stats st;
   OK(zf_stats_get(opt, &st, sizeof st));
   CHECK(st.steps == STEPS && st.selections > 0 && st.host_updates > 0);
+  {
+    /* the data-parallel counters: traffic and time at R > 1, none in one process (a sum of one is
+     * not reduced); after a load every rank's continue from rank 0's (README), the same bits */
+    zf_stats one_st, loaded;
+    OK(zf_stats_get(ref, &one_st, sizeof one_st));
+    CHECK(one_st.bytes_reduced == 0 && one_st.bytes_gathered == 0 && one_st.reduce_seconds == 0.0);
+    if (ranks > 1) CHECK(st.bytes_reduced > 0 && st.bytes_gathered > 0 && st.reduce_seconds > 0.0);
+    else CHECK(st.bytes_reduced == 0 && st.bytes_gathered == 0 && st.reduce_seconds == 0.0);
+    char stats_path[4200]; /* (not path: the set saved at SAVE_AT is resumed below) */
+    snprintf(stats_path, sizeof stats_path, "%s.stats", path);
+    OK(zf_save(opt, stats_path));
+    OK(zf_load(opt, stats_path));
+    OK(zf_stats_get(opt, &loaded, sizeof loaded));
+    uint64_t seconds_bits;
+    memcpy(&seconds_bits, &loaded.reduce_seconds, sizeof seconds_bits);
+    const int reduced_held = every_rank_holds(loaded.bytes_reduced); /* (collectives: each on every rank) */
+    const int gathered_held = every_rank_holds(loaded.bytes_gathered);
+    const int seconds_held = every_rank_holds(seconds_bits);
+    CHECK(reduced_held && gathered_held && seconds_held);
+    if (me == 0) CHECK(loaded.bytes_reduced == st.bytes_reduced && loaded.bytes_gathered == st.bytes_gathered);
+  }
   /* the masters (a collective), the same bits as the one process's and on every rank */
   static float ma[NA], mb[NB], ra[NA], rb[NB];
   OK(zf_copy_master(opt, 0, ma, NA));

@@ -64,9 +64,14 @@ typedef struct zf_stats {
   double stall_seconds, host_update_seconds;
   uint64_t host_pageable_bytes, host_pinned_bytes, device_bytes;
   uint64_t host_bookkeeping_bytes; /* per-tensor records (registrations, shapes, column lists) */
+  uint64_t bytes_uploaded_ahead;   /* of bytes_to_device, uploaded by a host update ahead of its boundary */
+  /* data parallel (zf_create_mpi): the bytes this rank sent to reduce the gradients and to share
+   * its host updates' results, and the seconds zf_step spent reducing; 0 in one process */
+  uint64_t bytes_reduced, bytes_gathered;
+  double reduce_seconds;
 } zf_stats;
 /* The size of the first zf_stats (0.1.0): the least zf_stats_get accepts. */
-#define ZF_STATS_SIZE_0_1 ((size_t)96)
+#define ZF_STATS_SIZE_0_1 ((size_t)128)
 
 /* The library's version, major * 10000 + minor * 100 + patch: ZENFLOW_VERSION of the zenflow
  * the library was built from. A program loading it at run time compares it with the header's

@@ -49,7 +49,7 @@ zf_status zf_add_matrix(zf_optimizer* opt, void* param, const void* grad, size_t
                                         .with_layout(zenflow::matrix_layout(layout))
                                         .dtypes(zenflow::dtype(param_type), zenflow::dtype(grad_type))
                                         .group(opt->group);
-    opt->matrix_sizes.reserve(opt->matrix_sizes.size() + 1);  // (the push below cannot fail)
+    zenflow::detail::room_for_one(opt->matrix_sizes);  // (the push below cannot fail; geometric: N adds, O(N))
     const zenflow::matrix_id id = opt->opt.add_matrix(p);
     opt->matrix_sizes.push_back(rows * cols);  // (add_matrix refused a product that overflows)
     if (id_out) *id_out = id.index();
@@ -118,7 +118,7 @@ int zf_version(void) noexcept { return ZENFLOW_VERSION; }
 zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out, size_t out_size) noexcept {
   using namespace zenflow::c_api;
   // The fields of 0.1.0 stay where they are; later ones are appended.
-  static_assert(offsetof(zf_stats, host_bookkeeping_bytes) + sizeof(uint64_t) == ZF_STATS_SIZE_0_1);
+  static_assert(offsetof(zf_stats, reduce_seconds) + sizeof(double) == ZF_STATS_SIZE_0_1);
   static_assert(sizeof(zf_stats) >= ZF_STATS_SIZE_0_1);
   ZF_C_HANDLE(opt);
   if (!out) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_stats_get: out is NULL");
@@ -138,7 +138,11 @@ zf_status zf_stats_get(const zf_optimizer* opt, zf_stats* out, size_t out_size) 
                        .host_pageable_bytes = s.host_pageable_bytes,
                        .host_pinned_bytes = s.host_pinned_bytes,
                        .device_bytes = s.device_bytes,
-                       .host_bookkeeping_bytes = s.host_bookkeeping_bytes};
+                       .host_bookkeeping_bytes = s.host_bookkeeping_bytes,
+                       .bytes_uploaded_ahead = s.bytes_uploaded_ahead,
+                       .bytes_reduced = s.bytes_reduced,
+                       .bytes_gathered = s.bytes_gathered,
+                       .reduce_seconds = s.reduce_seconds};
     // Only the caller's bytes: an older header's zf_stats is a prefix of this one, and a newer
     // header's fields past this one read as zero.
     auto* bytes = reinterpret_cast<unsigned char*>(out);

@@ -69,16 +69,16 @@ inline void check_group(const std::string& who, const adamw_hyper& h, float lr_s
     invalid(who + ": its lr (" + exact(g.lr) + ") times its weight_decay (" + exact(g.weight_decay) + ") must be at most 1");
 }
 
-// The memory of every registered param and grad, so that a new one overlapping any of them is
-// refused (an optimizer would otherwise update one buffer twice, or write into a gradient). The
-// recorded extents never overlap each other, so they are kept ordered by start address and a new
-// extent need only be compared with its two neighbours: O(log n) per registration.
 // Room for one more element, growing geometrically (a push_back after it cannot throw).
 template <class Vec>
 void room_for_one(Vec& v) {
   if (v.size() == v.capacity()) v.reserve(v.size() < 8 ? 8 : 2 * v.size());
 }
 
+// The memory of every registered param and grad, so that a new one overlapping any of them is
+// refused (an optimizer would otherwise update one buffer twice, or write into a gradient). The
+// recorded extents never overlap each other, so they are kept ordered by start address and a new
+// extent need only be compared with its two neighbours: O(log n) per registration.
 class registered_buffers {
  public:
   // Checks one parameter's two buffers of n elements and records them: the parameter is `who`,
