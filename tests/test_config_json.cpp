@@ -66,6 +66,21 @@ TEST_CASE("json: values, escapes, numbers and positions") {
   CHECK(json::parse("123.5e-99999999999999999999999").number == 0.0);
 }
 
+// json::integral decides on the literal's exact decimal value (known cases: each row's value
+// worked out by hand, the doubles they round to noted where they mislead).
+TEST_CASE("json: whether a number literal is an integer, by its exact value") {
+  for (const char* yes : {"0", "-0", "0.0", "0e-9", "0.000e5", "7", "-7", "70e-1", "7.0", "7.000", "0.7e1", "0.07e2",
+                          "1e3", "1E+3", "12.5e1", "100e-2", "1.5e1", "4294967295", "1e999999999999999999"}) {
+    CAPTURE(yes);
+    CHECK(json::integral(yes));
+  }
+  for (const char* no : {"0.5", "-0.5", "7.01", "2.00000000000000001" /* the double 2 */, "1e-400" /* 0 */,
+                         "125e-2", "1.25e1", "0.07e1", "5e-1", "1e-999999999999999999", "4294967295.5"}) {
+    CAPTURE(no);
+    CHECK_FALSE(json::integral(no));
+  }
+}
+
 TEST_CASE("json: each malformation is refused with its position") {
   struct bad {
     const char* text;
@@ -253,6 +268,13 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   expect_json_error(R"({"update_interval": -1})", "zenflow config: update_interval must be an integer in [1, 4294967295] or \"auto\", got -1");
   expect_json_error(R"({"update_interval": 4294967296})",
                     "zenflow config: update_interval must be an integer in [1, 4294967295] or \"auto\", got 4294967296");
+  // a count is judged on the literal, not on the double it rounds to
+  expect_json_error(R"({"host_threads": 2.00000000000000001})",
+                    "zenflow config: host_threads must be an integer in [0, 4294967295], got 2.00000000000000001");
+  expect_json_error(R"({"full_warm_up_rounds": 1e-400})",
+                    "zenflow config: full_warm_up_rounds must be an integer in [0, 4294967295], got 1e-400");
+  CHECK(config_from_json(R"({"update_interval": 400e-2, "select_interval": 0.08e2})").update_interval == interval::every(4));
+  CHECK(config_from_json(R"({"full_warm_up_rounds": 0.0e-7})").full_warm_up_rounds == 0);
   expect_json_error(R"({"update_interval": "sometimes"})", "zenflow config: update_interval must be an integer or \"auto\", got \"sometimes\"");
   expect_json_error(R"({"update_interval": 0})", "zenflow config: update_interval must be >= 1 or \"auto\", got 0");
   expect_json_error(R"({"select_interval": 6})", "zenflow config: select_interval must be a multiple of update_interval (4), got 6");
@@ -270,6 +292,10 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   expect_json_error(R"({"select_interval": "never"})", "zenflow config: select_interval must be an integer or \"auto\", got \"never\"");
   expect_json_error(R"({"offload": true})", "zenflow config: offload = true is not supported (zenflow keeps the device moments on the device)");
   expect_json_error(R"({"score": "l2"})", "zenflow config: score must be \"l1\" or \"l2sq\", got \"l2\"");
+  // a control character of the document is shown escaped, not written into the message
+  expect_json_error(R"({"score": "l\n2"})", "zenflow config: score must be \"l1\" or \"l2sq\", got \"l\\u000a2\"");
+  expect_json_error(R"({"param_groups": {"a\tb": 3}})",
+                    "zenflow config: param_groups.\"a\\u0009b\" must be an object, got a number 3 (line 1)");
   expect_json_error(R"({"reselect_moments": "zero"})",
                     "zenflow config: reselect_moments must be \"keep\" or \"reset\", got \"zero\"");
   expect_json_error(R"({"gradient_reduction": "max"})",

@@ -256,10 +256,26 @@ inline double json_number(const json::value& v, const std::string& key) {
 }
 
 // (what the key takes, for the message: an interval's 0 is refused by validate(), in its words)
+// A string of the document, quoted and escaped as JSON writes it, for a message (a control
+// character in it would otherwise break the message's line).
+inline std::string json_quoted(std::string_view s) {
+  std::string out;
+  json::write_string(out, s);
+  return out;
+}
+// A member name for a key path: as it is, unless it holds a control character (then quoted).
+inline std::string json_name(const std::string& s) {
+  for (const char c : s)
+    if (static_cast<unsigned char>(c) < 0x20) return json_quoted(s);
+  return s;
+}
 inline std::uint32_t json_uint32(const json::value& v, const std::string& key,
                                  const char* takes = "an integer in [0, 4294967295]") {
   const double x = json_number(v, key);
-  if (!(x >= 0.0 && x <= 4294967295.0 && x == std::floor(x))) json_bad(key, std::string("must be ") + takes + ", got " + v.text);
+  // (integral judged on the literal: a fraction too small for the double, or an underflow to 0,
+  // is no count)
+  if (!(x >= 0.0 && x <= 4294967295.0 && x == std::floor(x) && json::integral(v.text)))
+    json_bad(key, std::string("must be ") + takes + ", got " + v.text);
   return std::uint32_t(x);
 }
 inline constexpr const char* interval_takes = "an integer in [1, 4294967295] or \"auto\"";
@@ -315,7 +331,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
   if ((v = block.find("topk_ratio"))) c.topk_ratio = json_number(*v, key("topk_ratio"));
   if ((v = block.find("update_interval"))) {
     if (v->type == json::kind::string) {
-      if (v->text != "auto") json_bad(key("update_interval"), "must be an integer or \"auto\", got \"" + v->text + "\"");
+      if (v->text != "auto") json_bad(key("update_interval"), "must be an integer or \"auto\", got " + json_quoted(v->text));
       c.update_interval = interval::auto_();
     } else {
       c.update_interval = interval::every(json_uint32(*v, key("update_interval"), interval_takes));
@@ -331,32 +347,32 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
     const std::string& s = json_string(*v, key("reselect_moments"));
     if (s == "keep") c.reselect_moments = reselect_policy::keep;
     else if (s == "reset") c.reselect_moments = reselect_policy::reset;
-    else json_bad(key("reselect_moments"), "must be \"keep\" or \"reset\", got \"" + s + "\"");
+    else json_bad(key("reselect_moments"), "must be \"keep\" or \"reset\", got " + json_quoted(s));
   }
   if ((v = block.find("host_gradient"))) {
     const std::string& s = json_string(*v, key("host_gradient"));
     if (s == "mean") c.host_gradient = window_gradient::mean;
     else if (s == "sum") c.host_gradient = window_gradient::sum;
-    else json_bad(key("host_gradient"), "must be \"mean\" or \"sum\", got \"" + s + "\"");
+    else json_bad(key("host_gradient"), "must be \"mean\" or \"sum\", got " + json_quoted(s));
   }
   if ((v = block.find("gradient_reduction"))) {
     const std::string& s = json_string(*v, key("gradient_reduction"));
     if (s == "mean") c.gradient_reduction = reduce_op::mean;
     else if (s == "sum") c.gradient_reduction = reduce_op::sum;
-    else json_bad(key("gradient_reduction"), "must be \"mean\" or \"sum\", got \"" + s + "\"");
+    else json_bad(key("gradient_reduction"), "must be \"mean\" or \"sum\", got " + json_quoted(s));
   }
   if ((v = block.find("score"))) {
     const std::string& s = json_string(*v, key("score"));
     if (s == "l1") c.score = score_kind::l1;
     else if (s == "l2sq") c.score = score_kind::l2sq;
-    else json_bad(key("score"), "must be \"l1\" or \"l2sq\", got \"" + s + "\"");
+    else json_bad(key("score"), "must be \"l1\" or \"l2sq\", got " + json_quoted(s));
   }
   if ((v = block.find("param_groups"))) {
     // {"no_decay": {"weight_decay_scale": 0}, "embed": {"lr_scale": 0.5}}: replaces base's groups
     json_expect(*v, json::kind::object, key("param_groups"));
     c.param_groups.clear();
     for (std::size_t i = 0; i < v->keys.size(); ++i) {
-      const std::string gk = key("param_groups") + "." + v->keys[i];
+      const std::string gk = key("param_groups") + "." + json_name(v->keys[i]);
       const json::value& g = json_expect(v->items[i], json::kind::object, gk);
       named_param_group ng{v->keys[i], {}};
       for (const auto& k : g.keys)
@@ -398,11 +414,11 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
     if (strategy) {
       strat = json_string(*strategy, key("select_strategy"));
       if (strat != "auto" && strat != "step" && strat != "epoch")
-        json_bad(key("select_strategy"), "must be \"auto\", \"step\" or \"epoch\", got \"" + strat + "\"");
+        json_bad(key("select_strategy"), "must be \"auto\", \"step\" or \"epoch\", got " + json_quoted(strat));
     }
     const bool sel_auto = sel && sel->type == json::kind::string;
     if (sel_auto && sel->text != "auto")
-      json_bad(key("select_interval"), "must be an integer or \"auto\", got \"" + sel->text + "\"");
+      json_bad(key("select_interval"), "must be an integer or \"auto\", got " + json_quoted(sel->text));
     if (strat.empty()) strat = sel_auto ? "auto" : "step";
     if (strat == "auto") {
       if (sel && !sel_auto)
@@ -410,7 +426,7 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
       c.select_interval = interval::auto_();
     } else {
       if (!sel) json_bad(key("select_interval"), "must be given (an integer) with select_strategy \"" + strat + "\"");
-      if (sel_auto) json_bad(key("select_interval"), "\"auto\" needs select_strategy \"auto\", got \"" + strat + "\"");
+      if (sel_auto) json_bad(key("select_interval"), "\"auto\" needs select_strategy \"auto\", got " + json_quoted(strat));
       const std::uint32_t n = json_uint32(*sel, key("select_interval"), strat == "step" ? interval_takes : "an integer in [1, 4294967295]");
       if (strat == "step") {
         c.select_interval = interval::every(n);
@@ -463,7 +479,7 @@ inline config config_from_deepspeed_doc(const json::value& doc, config c) {
       std::string t = detail::json_string(*type, "optimizer.type");
       for (auto& ch : t) ch = char(std::tolower(static_cast<unsigned char>(ch)));
       if (t != "adam" && t != "adamw")
-        detail::json_bad("optimizer.type", "must be \"Adam\" or \"AdamW\" (ZenFlow's update is Adam), got \"" + type->text + "\"");
+        detail::json_bad("optimizer.type", "must be \"Adam\" or \"AdamW\" (ZenFlow's update is Adam), got " + detail::json_quoted(type->text));
       // DeepSpeed's "Adam" defaults to adam_w_mode = true, like "AdamW"; its params may turn it
       // off, but "AdamW" stays AdamW whatever they say (DeepSpeed: type is AdamW or adam_w_mode)
       type_adamw = t == "adamw";

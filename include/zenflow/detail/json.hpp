@@ -79,6 +79,30 @@ inline bool below_one(std::string_view t) {
   return at < 0;
 }
 
+// Whether a well-formed JSON number denotes an integer: its exact decimal value, not the double
+// it rounds to (2.00000000000000001 rounds to 2 and 1e-400 to 0, neither is an integer). The
+// significand's digits less its trailing zeros, scaled by the exponent part (saturating) less
+// the fraction's length, must not reach below the units.
+inline bool integral(std::string_view t) {
+  if (!t.empty() && t[0] == '-') t.remove_prefix(1);
+  const std::size_t e = t.find_first_of("eE");
+  const std::string_view m = t.substr(0, e);
+  const std::size_t dot = m.find('.');
+  const long long fraction = dot == std::string_view::npos ? 0 : (long long)(m.size() - dot - 1);
+  const std::size_t last = m.find_last_not_of("0.");
+  if (last == std::string_view::npos) return true;  // (zero)
+  long long trailing = 0;  // the zeros after the last nonzero digit (the point skipped)
+  for (std::size_t i = last + 1; i < m.size(); ++i) trailing += m[i] != '.';
+  long long ex = 0;
+  if (e != std::string_view::npos) {
+    std::string_view x = t.substr(e + 1);
+    const bool neg = !x.empty() && x[0] == '-';
+    if (!x.empty() && (x[0] == '-' || x[0] == '+')) x.remove_prefix(1);
+    for (const char c : x) ex = std::min(ex * 10 + (c - '0'), 1'000'000'000'000LL);
+    if (neg) ex = -ex;
+  }
+  return ex - fraction + trailing >= 0;
+}
 
 class parser {
  public:
