@@ -125,14 +125,23 @@ int main(int argc, char** argv) try {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       char* end = nullptr;
       const double v = std::strtod(argv[++i], &end);
-      if (*end || !(v >= 0)) throw std::invalid_argument(a + ": not a non-negative number: " + argv[i]);
+      if (end == argv[i] || *end || !(v >= 0)) throw std::invalid_argument(a + ": not a non-negative number: " + argv[i]);
       return v;
     };
-    if (a == "--steps") o.steps = int(value());
-    else if (a == "--threads") o.threads = int(value());
-    else if (a == "--seed") o.seed = unsigned(value());
+    // An integer in [lo, hi], checked before it is converted (a double out of an int's range
+    // converts to nothing defined; 2.9 steps is no count either).
+    auto integer = [&](double lo, double hi) -> long {
+      const double v = value();
+      if (!(v >= lo && v <= hi && v == std::floor(v)))
+        throw std::invalid_argument(a + " expects an integer in [" + std::to_string(long(lo)) + ", " +
+                                    std::to_string(long(hi)) + "], got " + argv[i]);
+      return long(v);
+    };
+    if (a == "--steps") o.steps = int(integer(1, 1e9));
+    else if (a == "--threads") o.threads = int(integer(1, 65536));  // (host_threads' bound)
+    else if (a == "--seed") o.seed = unsigned(integer(0, 4294967295.0));
     else if (a == "--topk") o.topk = value();
-    else if (a == "--update-interval") o.update_interval = unsigned(value());
+    else if (a == "--update-interval") o.update_interval = unsigned(integer(1, 1e6));  // (16 U, the select interval, fits)
     else if (a == "--help" || a == "-h") {
       std::puts("linear_fit [--steps N] [--threads T] [--seed S] [--topk R] [--update-interval U]");
       return 0;

@@ -85,11 +85,25 @@ double parse_real(const std::string& flag, const std::string& v, double lo, doub
   return x;
 }
 
+// The output directory, made and written into once before any training: a path that cannot
+// take the results is refused now, not after the runs (hours, for --ablation).
+void prepare_out(const std::string& out) {
+  std::filesystem::create_directories(out);
+  const std::string probe = out + "/.char_lm-" + std::to_string(::getpid()) + ".probe";
+  std::ofstream f(probe);
+  f << "char_lm\n";
+  f.close();
+  std::error_code ec;
+  std::filesystem::remove(probe, ec);
+  if (!f) throw std::runtime_error("cannot write into " + out + " (--out)");
+}
+
 void write_csv(const std::string& path, const std::vector<char_lm::run_result>& runs) {
   std::ofstream f(path);
   f << "optimizer,step,train_loss,valid_loss\n";
   for (const auto& r : runs)
     for (const auto& p : r.curve) f << r.name << ',' << p.step << ',' << p.train << ',' << p.valid << '\n';
+  f.close();  // (a small file is written only here: its error, a full disk say, too)
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
@@ -158,6 +172,7 @@ void write_svg(const std::string& path, const std::vector<char_lm::run_result>& 
   o << "</svg>\n";
   std::ofstream f(path);
   f << o.str();
+  f.close();  // (a small file is written only here: its error, a full disk say, too)
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
@@ -227,6 +242,12 @@ std::vector<variant_summary> summarize(const std::vector<std::string>& variants,
 std::string json_escape(const std::string& x) {
   std::string o;
   for (char ch : x) {
+    if (static_cast<unsigned char>(ch) < 0x20) {  // (JSON allows no raw control character)
+      char u[8];
+      std::snprintf(u, sizeof u, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+      o += u;
+      continue;
+    }
     if (ch == '"' || ch == '\\') o += '\\';
     o += ch;
   }
@@ -252,6 +273,7 @@ void write_ablation_json(const std::string& path, const char_lm::options& o, con
       << ", \"steps_per_second\": " << r.run.steps_per_second << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
+  f.close();  // (a small file is written only here: its error, a full disk say, too)
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
@@ -300,6 +322,7 @@ void write_ablation_svg(const std::string& path, const std::vector<variant_summa
   o << "</svg>\n";
   std::ofstream f(path);
   f << o.str();
+  f.close();  // (a small file is written only here: its error, a full disk say, too)
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
@@ -399,7 +422,8 @@ int main(int argc, char** argv) try {
     else if (a == "--batch") o.batch = std::size_t(parse_int(a, v, 1));
     else if (a == "--lr") o.lr = float(parse_real(a, v, 0, 1));
     else if (a == "--topk") o.topk = parse_real(a, v, 0, 1);
-    else if (a == "--update-interval") o.update_interval = unsigned(parse_int(a, v, 1));
+    else if (a == "--update-interval")  // (as an optimizer spec's U=; 16 U, the select interval, fits)
+      o.update_interval = unsigned(parse_int(a, v, 1, 1000000));
     else if (a == "--threads") o.threads = unsigned(parse_int(a, v, 1, 65536));  // (host_threads' bound)
     else if (a == "--seed") o.seed = std::uint64_t(parse_int(a, v, 0, std::numeric_limits<long>::max()));
     else if (a == "--eval-every") {
@@ -415,6 +439,7 @@ int main(int argc, char** argv) try {
     else if (a == "--out") out = v;
     else throw std::invalid_argument("unknown flag " + a + " (try --help)");
   }
+  if (o.optimizers.empty()) throw std::invalid_argument("--optimizer expects a comma-separated list of optimizers, got none");
   for (const auto& name : o.optimizers) char_lm::parse_spec(name, o);  // a bad one is named before any training
 
   if (!o.from_scratch && !steps_given) o.steps = 600;
@@ -452,6 +477,7 @@ int main(int argc, char** argv) try {
     throw std::invalid_argument("--data-parallel: this char_lm was built without MPI");
 #endif
   }
+  if (o.rank == 0) prepare_out(out);  // (the rank that writes the results)
   if (ablation) {
     if (!steps_given) o.steps = 600;
     if (!eval_given) o.eval_every = o.steps;  // only the final losses are compared

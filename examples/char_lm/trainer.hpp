@@ -72,12 +72,13 @@ inline const char* default_text_dir = "/usr/share/common-licenses";
 // The license files (regular files of the license directory, sorted by name, symbolic links
 // skipped): all of them, or only the copyleft ones (GPL, LGPL, GFDL) or only the others.
 enum class licenses { all, copyleft, others };
-inline std::vector<std::string> license_files(licenses which) {
+// `flag`: the option that would have named the text (for the error without that directory).
+inline std::vector<std::string> license_files(licenses which, const char* flag = "--text") {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(default_text_dir, ec))
     throw std::runtime_error(std::string("no text given and ") + default_text_dir +
-                             " does not exist: pass a text file, e.g. --text book.txt");
+                             " does not exist: pass a text file, e.g. " + flag + " book.txt");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(default_text_dir)) {
     if (!e.is_regular_file() || e.is_symlink()) continue;
@@ -153,7 +154,7 @@ struct corpora {
 };
 inline corpora load_corpora(const std::vector<std::string>& pretrain_texts, const std::vector<std::string>& finetune_texts) {
   const auto pf = pretrain_texts.empty() ? license_files(licenses::copyleft) : pretrain_texts;
-  const auto ff = finetune_texts.empty() ? license_files(licenses::others) : finetune_texts;
+  const auto ff = finetune_texts.empty() ? license_files(licenses::others, "--finetune-text") : finetune_texts;
   const auto pb = read_texts(pf), fb = read_texts(ff);
   const auto alphabet = alphabet_of({&pb, &fb});
   return {make_corpus(pb, alphabet, pf.size(), holdout::blocks), make_corpus(fb, alphabet, ff.size(), holdout::blocks)};
@@ -162,6 +163,8 @@ inline corpora load_corpora(const std::vector<std::string>& pretrain_texts, cons
 // A context that fits the corpus: a training example and a held-out one each need context + 1
 // characters (checked before any model is built).
 inline void check_context(const corpus& c, std::size_t context) {
+  if (c.alphabet.size() < 2)  // (its loss would be 0 from the first step: nothing to compare)
+    throw std::invalid_argument("the text holds one distinct character: nothing to learn");
   if (c.train.size() < context + 3 || c.valid.size() < context + 2)
     throw std::invalid_argument("the text has " + std::to_string(c.train.size()) + " training and " +
                                 std::to_string(c.valid.size()) + " held-out characters: too few for a context of " +
@@ -349,7 +352,7 @@ inline optimizer_spec parse_spec(const std::string& text, const options& o) {
     else if (key == "topk") so.topk = number(key, v);
     else if (key == "U") {
       const double u = number(key, v);
-      if (!(u >= 1 && u <= 1e6 && u == std::floor(u))) bad("U expects an integer >= 1, got '" + v + "'");
+      if (!(u >= 1 && u <= 1e6 && u == std::floor(u))) bad("U expects an integer in [1, 1000000], got '" + v + "'");
       so.update_interval = unsigned(u);
     } else if (key == "reselect" && (v == "keep" || v == "reset")) reselect = v;
     else if (key == "grad" && (v == "mean" || v == "sum")) grad = v;
