@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -411,3 +412,58 @@ TEST_CASE("adamw_traffic (bench/cpu_adam's roofline twin): the kernel's loads an
       CHECK(same);
     }
 }
+
+#if ZENFLOW_HAS_MXCSR
+// zenflow's loops keep subnormals whatever the calling thread's MXCSR (detail/fp_env.hpp): with
+// flush-to-zero and denormals-are-zero set by the caller — a trainer's choice, or crtfastmath's
+// at load — AdamW, accumulate and the rank-order sum give the bits they give without, on the
+// calling thread alone (below serial_below elements) and on the arena's threads, and the
+// caller's setting is as it was after each call. Before, the serial path flushed: DAZ read the
+// subnormal gradients as 0, FTZ flushed the decayed params.
+TEST_CASE("host kernels: the same bits with the caller's flush-to-zero and denormals-are-zero set") {
+  constexpr unsigned flush = 0x8040u;  // FTZ | DAZ
+  for (const std::size_t n : {std::size_t(7), std::size_t(40000)}) {  // one column of n rows
+    CAPTURE(n);
+    auto run = [&](bool flushing) {
+      std::vector<float> p(n), m(n), v(n), g(n), acc(n), pieces(2 * n), sum(n), sum2(n);
+      for (std::size_t i = 0; i < n; ++i) {  // every value subnormal (FLT_MIN is 1.18e-38)
+        p[i] = 1e-39f * float(1 + i % 7);
+        m[i] = 3e-40f * float(i % 5);
+        v[i] = 1e-39f * float(i % 3);
+        g[i] = -2e-40f * float(1 + i % 11);
+        acc[i] = 5e-40f * float(i % 4);
+        pieces[i] = 1e-40f * float(i % 9);
+        pieces[n + i] = -3e-41f * float(i % 13);
+      }
+      const unsigned saved = _mm_getcsr();  // (the inputs made first: under FTZ they would flush)
+      if (flushing) _mm_setcsr(saved | flush);
+      if (flushing) {  // the setting took: a product of subnormals' size flushes outside zenflow
+        volatile float tiny = 1e-39f;
+        CHECK(tiny * 1.0f == 0.0f);
+      }
+      tbb::task_arena arena(2);  // (made under the caller's setting: oneTBB may pass it to its threads)
+      std::uint32_t count = 0;
+      adamw_job job;
+      job.param = p.data(); job.exp_avg = m.data(); job.exp_avg_sq = v.data(); job.grad = g.data();
+      job.rows = n;
+      job.hyper.lr = 1e-3f; job.hyper.weight_decay = 0.01f;
+      adamw(arena, job, 1, &count);
+      accumulate(arena, {acc.data(), g.data(), dtype::f32, 0.5f}, n);
+      sum_in_rank_order(nullptr, pieces.data(), dtype::f32, 2, n, true, sum.data());   // the calling thread
+      sum_in_rank_order(&arena, pieces.data(), dtype::f32, 2, n, false, sum2.data());  // the arena
+      const unsigned after = _mm_getcsr();
+      _mm_setcsr(saved);
+      // the caller's control bits as they were (the status flags, bits 0-5, record what ran)
+      CHECK((after & ~0x3fu) == ((flushing ? (saved | flush) : saved) & ~0x3fu));
+      std::vector<float> all;
+      for (const auto* x : {&p, &m, &v, &acc, &sum, &sum2}) all.insert(all.end(), x->begin(), x->end());
+      return all;
+    };
+    const std::vector<float> ieee = run(false), flushed = run(true);
+    REQUIRE(ieee.size() == flushed.size());
+    CHECK(std::memcmp(ieee.data(), flushed.data(), ieee.size() * sizeof(float)) == 0);
+    // (and the data was of the kind flushing changes: some results are subnormal, not zero)
+    CHECK(std::any_of(ieee.begin(), ieee.end(), [](float x) { return x != 0 && std::fabs(x) < 1.17549435e-38f; }));
+  }
+}
+#endif

@@ -686,3 +686,53 @@ TEST_CASE("a Selector's choice out of range, repeated or unordered is refused, a
                        std::logic_error);
   CHECK_FALSE(opt.initialized());
 }
+
+#if ZENFLOW_HAS_MXCSR
+// The same through the optimizer on the host space (its device-side loops, its background host
+// update and offload): a run whose thread set flush-to-zero and denormals-are-zero before making
+// the optimizer (its threads then start with them) ends bit-identical to one that did not, on
+// gradients and params of subnormal size, which that setting would flush (detail/fp_env.hpp).
+TEST_CASE("a run under the caller's flush-to-zero gives the bits of one without") {
+  constexpr std::size_t R = 24, C = 16, N = 8;
+  auto run = [&](bool flushing) {
+    std::vector<float> w(R * C), dw(R * C), b(N), db(N);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = 1e-39f * float(1 + i % 9);  // (made before the setting)
+    for (std::size_t i = 0; i < N; ++i) b[i] = 2e-39f * float(i % 4);
+    std::vector<std::vector<float>> grads(9, std::vector<float>(R * C + N));
+    for (std::size_t s = 0; s < grads.size(); ++s)
+      for (std::size_t i = 0; i < grads[s].size(); ++i) grads[s][i] = 1e-40f * float(int((i * 7 + s * 3) % 17) - 8);
+    const unsigned saved = _mm_getcsr();
+    if (flushing) _mm_setcsr(saved | 0x8040u);
+    std::vector<float> state;
+    {
+      config cfg;
+      cfg.topk_ratio = 0.25;
+      cfg.full_warm_up_rounds = 1;
+      cfg.update_interval = interval::every(2);
+      cfg.select_interval = interval::every(4);
+      cfg.adam.weight_decay = 0.01f;
+      optimizer<> opt(cfg);
+      opt.add_matrix({w.data(), dw.data(), R, C});
+      opt.add_vector({b.data(), db.data(), N});
+      opt.initialize();
+      for (const auto& g : grads) {
+        std::memcpy(dw.data(), g.data(), R * C * sizeof(float));
+        std::memcpy(db.data(), g.data() + R * C, N * sizeof(float));
+        opt.step();
+      }
+      opt.synchronize();
+      std::vector<float> master(R * C), m(R * C), v(R * C);
+      opt.copy_master(matrix_id{0}, master.data());
+      opt.copy_exp_avg(matrix_id{0}, m.data());
+      opt.copy_exp_avg_sq(matrix_id{0}, v.data());
+      for (const auto* x : {&w, &b, &master, &m, &v}) state.insert(state.end(), x->begin(), x->end());
+    }
+    _mm_setcsr(saved);
+    return state;
+  };
+  const std::vector<float> ieee = run(false), flushed = run(true);
+  REQUIRE(ieee.size() == flushed.size());
+  CHECK(std::memcmp(ieee.data(), flushed.data(), ieee.size() * sizeof(float)) == 0);
+  CHECK(std::any_of(ieee.begin(), ieee.end(), [](float x) { return x != 0 && std::fabs(x) < 1.17549435e-38f; }));
+}
+#endif

@@ -27,6 +27,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "../detail/format.hpp"
+#include "../detail/fp_env.hpp"
 #include "kernel_table.hpp"
 
 #if !defined(ZENFLOW_HOST_DISPATCH)
@@ -45,11 +46,15 @@ inline constexpr std::size_t block_elems = 4096;
 inline constexpr std::size_t serial_below = std::size_t(1) << 15;
 
 // Runs f(begin, end) over [0, n) split into contiguous per-thread ranges (what every kernel
-// here uses; also how to first-touch buffers so their pages sit near the threads using them).
+// here uses; also how to first-touch buffers so their pages sit near the threads using them),
+// with subnormals kept on every thread whatever its flush-to-zero settings (detail/fp_env.hpp).
 template <class F>
 void parallel_blocks(tbb::task_arena& arena, std::size_t n, const F& f) {
   if (n == 0) return;
-  if (n <= serial_below) return f(std::size_t(0), n);
+  if (n <= serial_below) {
+    const ::zenflow::detail::keep_subnormals ieee;
+    return f(std::size_t(0), n);
+  }
   const std::size_t blocks = (n + block_elems - 1) / block_elems;
   // static_partitioner: one contiguous range per thread, the same split on every call, so each
   // thread streams its own part of memory and repeated calls find it in the same place.
@@ -57,6 +62,7 @@ void parallel_blocks(tbb::task_arena& arena, std::size_t n, const F& f) {
     tbb::parallel_for(
         tbb::blocked_range<std::size_t>(0, blocks),
         [&](const tbb::blocked_range<std::size_t>& r) {
+          const ::zenflow::detail::keep_subnormals ieee;
           f(r.begin() * block_elems, std::min(n, r.end() * block_elems));
         },
         tbb::static_partitioner{});
@@ -151,8 +157,12 @@ inline void sum_in_rank_order_unchecked(tbb::task_arena* arena, const void* piec
       k.convert({acc, dtype::f32, to + c * es, t}, 0, len);
     }
   };
-  if (arena) parallel_blocks(*arena, n, range);
-  else range(0, n);
+  if (arena) {
+    parallel_blocks(*arena, n, range);
+  } else {
+    const ::zenflow::detail::keep_subnormals ieee;
+    range(0, n);
+  }
 }
 }  // namespace detail
 
@@ -293,8 +303,8 @@ inline void convert(tbb::task_arena& arena, const convert_job& job, std::size_t 
 // arithmetic of ::zenflow::detail::reduce_in_rank_order, rounded as the optimizer rounds an fp32
 // result. Element by element, in chunks that stay in the first-level cache, the additions on the
 // tier's vectors, split across the arena's threads or on the calling thread alone when arena is
-// null: the same bits either way (the arena's threads run with the floating-point settings
-// oneTBB took when it was set up; zenflow expects the defaults, no flush-to-zero).
+// null: the same bits either way (subnormals kept on either, whatever flush-to-zero settings
+// the threads have: detail/fp_env.hpp).
 // out must not overlap the pieces.
 inline void sum_in_rank_order(tbb::task_arena* arena, const void* pieces, dtype t, std::size_t ranks,
                               std::size_t n, bool mean, void* out, isa tier = best_isa()) {

@@ -10,6 +10,7 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include "../detail/fp_env.hpp"
 #include "../host/buffer.hpp"
 #include "../params.hpp"
 
@@ -37,13 +38,17 @@ class host_space {
 
   tbb::task_arena& arena() noexcept { return arena_; }
 
-  // f(i) for i in [0, n), split across the arena's threads.
+  // f(i) for i in [0, n), split across the arena's threads (subnormals kept: detail/fp_env.hpp).
   template <class F>
   void parallel_for(std::size_t n, const F& f) {
     if (n == 0) return;
-    if (n == 1) return f(std::size_t(0));
+    if (n == 1) {
+      const detail::keep_subnormals ieee;
+      return f(std::size_t(0));
+    }
     arena_.execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n), [&](const tbb::blocked_range<std::size_t>& r) {
+        const detail::keep_subnormals ieee;
         for (std::size_t i = r.begin(); i != r.end(); ++i) f(i);
       });
     });
