@@ -82,6 +82,13 @@ TEST_CASE("registration errors are clear and leave the optimizer usable") {
          "zenflow: matrix 0: param is not aligned to its element size (4 bytes)");
   expect([&] { opt.add_matrix({a.data(), a.data() + 8, 4, 4}); }, "zenflow: matrix 0: param and grad overlap");
   expect([&] { opt.add_matrix({a.data(), ga.data(), std::size_t(1) << 62, 8}); }, "zenflow: matrix 0: rows * cols overflows");
+  {  // a buffer whose end would pass the address space's (never dereferenced: refused first)
+    float* const top = reinterpret_cast<float*>(std::numeric_limits<std::uintptr_t>::max() - 63);
+    expect([&] { opt.add_matrix({top, ga.data(), 1 << 10, 8}); },
+           "zenflow: matrix 0: param of 32768 bytes would run past the end of the address space");
+    expect([&] { opt.add_vector({b.data(), top, 17}); },
+           "zenflow: vector 0: grad of 68 bytes would run past the end of the address space");
+  }
   // column lists are 32-bit: more columns than that is refused before the buffers are looked at
   expect([&] { opt.add_matrix({a.data(), ga.data(), 1, std::size_t(1) << 32}); },
          "zenflow: matrix 0: 4294967296 columns; at most 4294967295 (column lists are 32-bit)");

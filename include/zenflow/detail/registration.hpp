@@ -90,6 +90,11 @@ class registered_buffers {
       if (!p) invalid(who + ": " + what + " is null");
       if (reinterpret_cast<std::uintptr_t>(p) % size_of(t))
         invalid(who + ": " + what + " is not aligned to its element size (" + std::to_string(size_of(t)) + " bytes)");
+      // (n * 4 bytes fits a size_t: checked_*_elements; the end must fit the address space too,
+      // else the extents below wrap and the overlap checks compare nonsense)
+      if (at(p) > std::numeric_limits<std::uintptr_t>::max() - n * size_of(t))
+        invalid(who + ": " + what + " of " + std::to_string(n * size_of(t)) +
+                " bytes would run past the end of the address space");
     }
     const span mine[2] = {{at(param), at(param) + n * size_of(pt)}, {at(grad), at(grad) + n * size_of(gt)}};
     if (mine[0].begin < mine[1].end && mine[1].begin < mine[0].end) invalid(who + ": param and grad overlap");
