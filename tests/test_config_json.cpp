@@ -221,6 +221,9 @@ TEST_CASE("config_from_json: named parameter groups") {
   config dup;
   dup.param_groups = {{"a", {}}, {"a", {}}};
   CHECK_THROWS_WITH_AS(dup.validate(), "zenflow config: param_groups must have distinct names, got \"a\" twice", config_error);
+  dup.param_groups = {{"a\nb", {}}, {"a\nb", {}}};  // (shown escaped: the message stays one line)
+  CHECK_THROWS_WITH_AS(dup.validate(), "zenflow config: param_groups must have distinct names, got \"a\\u000ab\" twice",
+                       config_error);
   // ... and names in UTF-8, which to_json can write and the parser read back (a name in code
   // may hold any bytes: "emb\xff" could be written, but not read)
   config latin1;
@@ -335,6 +338,9 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
   // the group's own bounds, with the config's lr (1e-3) and weight_decay (0.01): lr <= 1
   expect_json_error(R"({"param_groups": {"fast": {"lr_scale": 2000}}})",
                     "zenflow config: param_groups.fast: lr 0.001 times lr_scale 2000 must be at most 1");
+  expect_json_error(R"({"param_groups": {"big": {"lr_scale": 1e39}}})",
+                    "zenflow config: param_groups.big.lr_scale must be finite and >= 0, got 1e39 (infinite once rounded "
+                    "to fp32)");
   expect_json_error(R"({"param_groups": {"": {}}})", "zenflow config: param_groups must have non-empty names, got \"\" (group 0)");
   // A failed parse returns nothing: the caller's config is untouched by construction (the
   // functions take the base by value).

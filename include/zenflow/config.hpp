@@ -176,7 +176,11 @@ struct config {
       if (!detail::json::is_utf8(g.name))
         bad("param_groups", "must have names in UTF-8", "a name that is not (group " + std::to_string(i) + ")");
       for (std::size_t j = 0; j < i; ++j)
-        if (param_groups[j].name == g.name) bad("param_groups", "must have distinct names", "\"" + g.name + "\" twice");
+        if (param_groups[j].name == g.name) {
+          std::string shown;  // (quoted, any control character escaped)
+          detail::json::write_string(shown, g.name);
+          bad("param_groups", "must have distinct names", shown + " twice");
+        }
       if (!detail::group_ok(adam, g.scales.lr_scale, g.scales.weight_decay_scale)) {
         try {
           detail::check_group("param_groups." + g.name, adam, g.scales.lr_scale, g.scales.weight_decay_scale);
@@ -381,9 +385,16 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
           json::write_string(shown, k);
           throw config_error("zenflow config: unknown key " + shown + " in " + gk + " (known: lr_scale, weight_decay_scale)");
         }
-      if (const json::value* x = g.find("lr_scale")) ng.scales.lr_scale = float(json_number(*x, gk + ".lr_scale"));
+      // (a scale is an fp32: one that rounds to infinity there is named as written)
+      auto scale = [&](const json::value& x, const std::string& k) {
+        const double d = json_number(x, k);
+        if (std::isfinite(d) && !std::isfinite(float(d)))
+          json_bad(k, "must be finite and >= 0, got " + x.text + " (infinite once rounded to fp32)");
+        return float(d);
+      };
+      if (const json::value* x = g.find("lr_scale")) ng.scales.lr_scale = scale(*x, gk + ".lr_scale");
       if (const json::value* x = g.find("weight_decay_scale"))
-        ng.scales.weight_decay_scale = float(json_number(*x, gk + ".weight_decay_scale"));
+        ng.scales.weight_decay_scale = scale(*x, gk + ".weight_decay_scale");
       c.param_groups.push_back(std::move(ng));
     }
   }
