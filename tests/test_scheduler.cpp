@@ -21,6 +21,16 @@
 using namespace zenflow;
 using namespace zf_test;
 
+// The optimizer's scheduler is read-only to its caller: a wait of the caller's own would take a
+// background job's error (the job half done) that the optimizer must see to refuse what follows;
+// with a mutable accessor, a caller who caught it went on training on a half-applied update.
+template <class Opt>
+concept scheduler_readable = requires(Opt& o) { o.scheduler().busy(); };
+template <class Opt>
+concept scheduler_waitable = requires(Opt& o) { o.scheduler().wait(); } || requires(Opt& o) { o.scheduler().wait_offload(); };
+static_assert(scheduler_readable<optimizer<>>);
+static_assert(!scheduler_waitable<optimizer<>>);
+
 namespace {
 
 // A Scheduler policy of the test's own: bounded_async whose host updates take at least 30 ms

@@ -530,7 +530,9 @@ class optimizer {
   }
 
   Space& space() noexcept { return space_; }
-  Scheduler& scheduler() noexcept { return scheduler_; }
+  // The scheduler, read-only (busy(), failed(), stall_seconds()): a wait of the caller's own
+  // would take a background job's error that the optimizer must see to refuse what follows.
+  const Scheduler& scheduler() const noexcept { return scheduler_; }
   // The transport, e.g. to opt in to uploads ahead before initialize():
   // opt.transport().upload_ahead(true) (cuda_pinned, host_copy).
   Transport& transport() noexcept { return transport_; }
