@@ -173,6 +173,36 @@ TEST_CASE("any_optimizer: bad names and misuse are clear errors") {
   CHECK(a.applied_steps() == 0);
 }
 
+// By name with a communicator: the same optimizer as by kind (trained in lockstep, the same bits
+// and name); a bad name is the same clear error as without one.
+TEST_CASE("any_optimizer: create by name with a communicator is create by kind") {
+  for (const auto kind : {optimizer_kind::zenflow, optimizer_kind::zero_offload, optimizer_kind::device_adam}) {
+    const std::string name(name_of(kind));
+    CAPTURE(name);
+    buffers bn, bk;
+    any_optimizer n = any_optimizer::create<host_space>(name, test_config(), single_process{});
+    any_optimizer k = any_optimizer::create<host_space>(kind, test_config(), single_process{});
+    CHECK(n.name() == name);
+    bn.add_to(n);
+    bk.add_to(k);
+    n.initialize();
+    k.initialize();
+    for (int s = 0; s < 9; ++s) {
+      bn.gradients(s);
+      bk.gradients(s);
+      n.step();
+      k.step();
+    }
+    n.synchronize();
+    k.synchronize();
+    CHECK(bn == bk);
+    CHECK(n.stats().host_updates == k.stats().host_updates);
+  }
+  CHECK_THROWS_WITH_AS(any_optimizer::create<host_space>("adam", config{}, single_process{}),
+                       "zenflow: unknown optimizer 'adam' (one of: zenflow, zero_offload, device_adam)",
+                       std::invalid_argument);
+}
+
 namespace {
 // A host space whose streams are pointers, as cuda_space's (cudaStream_t) are, noting the stream
 // the optimizer sets last.

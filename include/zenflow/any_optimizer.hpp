@@ -75,6 +75,12 @@ class any_optimizer {
     }
     throw std::invalid_argument("zenflow: unknown optimizer kind " + std::to_string(int(kind)));
   }
+  // The same with the kind by name ("zenflow", "zero_offload", "device_adam"). No collective: a
+  // name one rank cannot read throws on that rank only (zf_create_mpi votes on it).
+  template <class Space, communicator_policy Communicator>
+  static any_optimizer create(std::string_view kind, const config& cfg, Communicator comm) {
+    return create<Space>(parse_optimizer_kind(kind), cfg, std::move(comm));
+  }
   // Any optimizer type (one's own policies), constructed in place from args; `name` is what
   // name() reports.
   template <class Opt, class... Args>
