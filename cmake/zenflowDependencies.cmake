@@ -14,10 +14,21 @@ if(TBB_FOUND AND TBB_VERSION AND TBB_VERSION VERSION_LESS 2021)
     return()
   endif()
 endif()
-# Debian's xsimd config lists a bare "xtl" link item without finding xtl (and xtl is not a
-# dependency of the package); xsimd itself does not need it. An empty stand-in target keeps
-# "-lxtl" off the link line. Harmless where xtl exists or is not referenced.
-if(NOT TARGET xtl)
-  add_library(xtl INTERFACE IMPORTED)
-endif()
 find_dependency(xsimd)
+# Debian's xsimd config lists a bare "xtl" link item without finding xtl (and xtl is not a
+# dependency of the package); xsimd itself does not need it. When xsimd names it and no xtl
+# package can be found, an empty stand-in target keeps "-lxtl" off the link line. (Only then: a
+# stand-in made where xtl is installed would stop the consumer's own find_package(xtl) from
+# defining the real target.)
+if(TARGET xsimd AND NOT TARGET xtl)
+  get_target_property(_zf_xsimd_links xsimd INTERFACE_LINK_LIBRARIES)
+  list(FIND _zf_xsimd_links xtl _zf_xtl_at)
+  if(NOT _zf_xtl_at EQUAL -1)
+    find_package(xtl QUIET CONFIG)
+    if(NOT TARGET xtl)
+      add_library(xtl INTERFACE IMPORTED)
+    endif()
+  endif()
+  unset(_zf_xsimd_links)
+  unset(_zf_xtl_at)
+endif()

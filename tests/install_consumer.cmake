@@ -61,6 +61,73 @@ if(rc EQUAL 0 OR NOT flat MATCHES "enable CXX in the project that uses it")
 endif()
 message(STATUS "a C-only project correctly refused")
 
+# find_package(zenflow) from a probe project (configure only): `comps` the components asked for
+# (REQUIRED), `before` lines ahead of it, `after` lines behind it; the result in rc/err.
+function(probe name comps before after)
+  file(WRITE "${WORK_DIR}/probe-${name}/CMakeLists.txt" "${before}
+find_package(zenflow CONFIG REQUIRED ${comps})
+${after}
+")
+  execute_process(
+    COMMAND "${CMAKE_COMMAND}" -S "${WORK_DIR}/probe-${name}" -B "${WORK_DIR}/probe-${name}/build" -G "${GENERATOR}"
+            -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_PREFIX_PATH=${prefix};${WORK_DIR}/xtl-prefix"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX REPLACE "[ \t\r\n]+" " " flat "${err}")
+  set(rc "${rc}" PARENT_SCOPE)
+  set(out "${out}" PARENT_SCOPE)
+  set(err "${flat}" PARENT_SCOPE)
+endfunction()
+set(project_line "cmake_minimum_required(VERSION 3.25)\nproject(probe C CXX)")
+# the three host components are always there
+probe(host "COMPONENTS zenflow c host_kernels" "${project_line}" "")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "COMPONENTS zenflow c host_kernels should be found:\n${out}\n${err}")
+endif()
+# an unknown component, and one the package lacks, are refused with the reason
+probe(bogus "COMPONENTS bogus" "${project_line}" "")
+if(rc EQUAL 0 OR NOT err MATCHES "no component bogus")
+  message(FATAL_ERROR "COMPONENTS bogus should be refused, saying there is no such component:\n${out}\n${err}")
+endif()
+if(NOT WITH_CUDA)
+  probe(nocuda "COMPONENTS cuda" "${project_line}" "")
+  if(rc EQUAL 0 OR NOT err MATCHES "component cuda: this zenflow package was built without CUDA")
+    message(FATAL_ERROR "COMPONENTS cuda should be refused, saying the package has no CUDA:\n${out}\n${err}")
+  endif()
+endif()
+if(NOT WITH_MPI)
+  probe(nompi "COMPONENTS c_mpi" "${project_line}" "")
+  if(rc EQUAL 0 OR NOT err MATCHES "component c_mpi: this zenflow package was built without MPI")
+    message(FATAL_ERROR "COMPONENTS c_mpi should be refused, saying the package has no MPI:\n${out}\n${err}")
+  endif()
+endif()
+# a consumer on old policies (the config uses no policy-dependent syntax)
+probe(oldpolicy "" "cmake_minimum_required(VERSION 3.0)\nproject(probe C CXX)" "")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "a consumer with cmake_minimum_required(VERSION 3.0) should find zenflow:\n${out}\n${err}")
+endif()
+# the consumer's MPI settings are its own: MPI_CXX_SKIP_MPICXX as it was before find_package(zenflow)
+probe(mpicxx "" "${project_line}\nset(MPI_CXX_SKIP_MPICXX OFF)"
+      "if(NOT DEFINED MPI_CXX_SKIP_MPICXX OR MPI_CXX_SKIP_MPICXX)\n  message(FATAL_ERROR \"MPI_CXX_SKIP_MPICXX changed\")\nendif()")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "find_package(zenflow) should leave the consumer's MPI_CXX_SKIP_MPICXX alone:\n${out}\n${err}")
+endif()
+# an xtl package the consumer finds after zenflow is the real one, not an empty stand-in (a fake
+# xtl in a prefix of its own, its target file as CMake writes them: it stops if xtl exists)
+file(WRITE "${WORK_DIR}/xtl-prefix/share/cmake/xtl/xtlConfig.cmake" "if(TARGET xtl)\n  return()\nendif()
+add_library(xtl INTERFACE IMPORTED)
+set_target_properties(xtl PROPERTIES INTERFACE_INCLUDE_DIRECTORIES \"${WORK_DIR}/xtl-prefix/include\")
+")
+file(MAKE_DIRECTORY "${WORK_DIR}/xtl-prefix/include")
+probe(xtl "" "${project_line}" "find_package(xtl CONFIG REQUIRED)
+get_target_property(dirs xtl INTERFACE_INCLUDE_DIRECTORIES)
+if(NOT dirs STREQUAL \"${WORK_DIR}/xtl-prefix/include\")
+  message(FATAL_ERROR \"xtl's include directories: \${dirs}\")
+endif()")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "a consumer's xtl should be the one it finds:\n${out}\n${err}")
+endif()
+message(STATUS "components, old policies, MPI settings and xtl: as they should be")
+
 # pkg-config: a Makefile builds the same consumers from zenflow.pc / zenflow-c.pc; the version
 # they report is the one version.hpp holds.
 find_program(PKG_CONFIG pkg-config REQUIRED)
@@ -77,6 +144,21 @@ foreach(pc zenflow zenflow-c)
     message(FATAL_ERROR "${pc}.pc version '${pc_version}' (rc ${rc}), version.hpp says '${header_version}'")
   endif()
 endforeach()
+# An absolute CMAKE_INSTALL_LIBDIR (as some distributions' packaging passes) is written as it is
+# in the .pc files, the include directory still found from the prefix (zenflow configured again,
+# only configured: the .pc files are made then).
+run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/pc-absolute" -G "${GENERATOR}"
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DZENFLOW_BUILD_TESTS=OFF -DZENFLOW_BUILD_BENCH=OFF
+    -DZENFLOW_BUILD_EXAMPLES=OFF -DZENFLOW_ENABLE_CUDA=OFF -DZENFLOW_ENABLE_MPI=OFF
+    -DCMAKE_INSTALL_PREFIX=/opt/zf -DCMAKE_INSTALL_LIBDIR=/opt/zf/lib64)
+foreach(pc zenflow zenflow-c)
+  file(READ "${WORK_DIR}/pc-absolute/${pc}.pc" text)
+  if(NOT text MATCHES "\nprefix=\\\${pcfiledir}/\\.\\./\\.\\.\n" OR NOT text MATCHES "\nlibdir=/opt/zf/lib64\n"
+     OR NOT text MATCHES "\nincludedir=\\\${prefix}/include\n")
+    message(FATAL_ERROR "${pc}.pc with CMAKE_INSTALL_LIBDIR=/opt/zf/lib64:\n${text}")
+  endif()
+endforeach()
+
 file(MAKE_DIRECTORY "${WORK_DIR}/make")
 run("${MAKE_PROGRAM}" -f "${SOURCE_DIR}/tests/consumer/Makefile" "OUT=${WORK_DIR}/make" "CXX=${CXX_COMPILER}")
 run("${WORK_DIR}/make/consumer_pc")
@@ -151,9 +233,12 @@ endforeach()
 
 # The same consumer with zenflow as a subproject (add_subdirectory / FetchContent style), setting
 # one of zenflow's options as a parent project may (the kernels at -O1: half their compile time).
+# With zenflow's install rules on (a parent that installs its own targets linking zenflow's), the
+# build makes every library they install, the MPI C API's too, and the install succeeds.
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir" -G "${GENERATOR}"
     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DZF_SOURCE_DIR=${SOURCE_DIR} -DZENFLOW_ENABLE_CUDA=OFF
-    -DZENFLOW_HOST_KERNELS_OPT=-O1 -DCMAKE_BUILD_TYPE=Release)
+    -DZENFLOW_HOST_KERNELS_OPT=-O1 -DCMAKE_BUILD_TYPE=Release -DZENFLOW_INSTALL=ON
+    "-DCMAKE_INSTALL_PREFIX=${WORK_DIR}/subdir-prefix")
 file(GLOB_RECURSE subdir_rules "${WORK_DIR}/build-subdir/*.ninja" "${WORK_DIR}/build-subdir/*flags.make")
 set(kernels_at_o1 FALSE)
 foreach(f IN LISTS subdir_rules)
@@ -168,3 +253,14 @@ endif()
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build-subdir")
 run("${WORK_DIR}/build-subdir/consumer")
 run("${WORK_DIR}/build-subdir/consumer_c")
+run("${CMAKE_COMMAND}" --install "${WORK_DIR}/build-subdir")
+set(subdir_libs zenflow_host_kernels zenflow_c)
+if(WITH_MPI)
+  list(APPEND subdir_libs zenflow_c_mpi)
+endif()
+foreach(lib IN LISTS subdir_libs)
+  file(GLOB_RECURSE found "${WORK_DIR}/subdir-prefix/lib${lib}.a")
+  if(NOT found)
+    message(FATAL_ERROR "the subproject's install has no lib${lib}.a")
+  endif()
+endforeach()
