@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -29,6 +30,12 @@
 
 using namespace zenflow;
 using namespace zf_cuda_dp;
+
+// NCCL checks a collective's buffer pointers only with NCCL_CHECK_POINTERS=1 (off by default:
+// a null buffer would be used, a device fault that ends every later test of the program). The
+// refusal test below needs it on; NCCL reads it once, at its first communicator, so it is set
+// before main.
+static const int nccl_check_pointers = setenv("NCCL_CHECK_POINTERS", "1", 1);
 using zf_test::has_gpu;
 
 namespace {
@@ -201,7 +208,8 @@ TEST_CASE("nccl: a call NCCL refuses inside a group closes the group, and the ne
   std::vector<float> in = {1.5f, -2.0f, 3.25f, 0.5f, 7.0f}, out(5, 0.0f);
   ZF_CUDA_TRY(cudaMemcpy(d.data(), in.data(), 4 * in.size(), cudaMemcpyHostToDevice));
   c.reduce(d.data(), 5, reduce_op::sum);  // (the receive buffer is made here: the failing call allocates nothing)
-  CHECK_THROWS_AS(c.reduce(nullptr, 5, reduce_op::sum), std::runtime_error);  // a null buffer: refused by NCCL
+  REQUIRE(nccl_check_pointers == 0);
+  CHECK_THROWS_AS(c.reduce(nullptr, 5, reduce_op::sum), std::runtime_error);  // a null buffer: refused by NCCL (checked pointers)
   // other values than the receive buffer holds from the first call
   const std::vector<float> in2 = {-4.0f, 0.25f, 9.5f, -1.0f, 2.0f};
   ZF_CUDA_TRY(cudaMemcpy(d.data(), in2.data(), 4 * in2.size(), cudaMemcpyHostToDevice));

@@ -29,12 +29,14 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -69,7 +71,7 @@ class nccl_communicator {
  public:
   using space = cuda_space;  // reduce and all_gather take device memory
 
-  // The ranks of `comm` (not owned). Nothing is allocated or enqueued here.
+  // The ranks of `comm` (not owned). Allocates the vote's flag (below); enqueues nothing.
   explicit nccl_communicator(ncclComm_t comm) : comm_(comm) {
     if (!comm) throw std::invalid_argument("zenflow: nccl_communicator needs an ncclComm_t, got a null one");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
@@ -191,14 +193,21 @@ class nccl_communicator {
     broadcast_blocks(static_cast<unsigned char*>(data), at.data(), ncclUint8);
   }
 
-  // See communicator_policy. Waits for the stream.
+  // See communicator_policy. Waits for the stream, polling NCCL's asynchronous error meanwhile:
+  // a peer gone or a network failure throws here (the trainer can then ncclCommAbort) instead of
+  // waiting for ever. On the communicator's GPU, made current for the call; on that GPU's
+  // default stream when the stream set is on another GPU (an initialize() refused for that
+  // still votes, and the other ranks refuse it too instead of waiting).
   bool all_agree(bool ok) {
-    const int mine = ok ? 1 : 0;
+    const on_device here(device_);
+    const cudaStream_t s = vote_stream();
+    // (a byte pattern: 0x01010101 or 0, whose minimum is 0 when any rank says no; no host memory
+    // the copy would wait on the stream for)
+    ZF_CUDA_TRY(cudaMemsetAsync(flag_.data(), ok ? 1 : 0, sizeof(int), s));
+    check(ncclAllReduce(flag_.data(), flag_.data(), 1, ncclInt32, ncclMin, comm_, s), "ncclAllReduce");
+    wait_for(s, "the ranks' vote (ncclAllReduce)");
     int all = 0;
-    ZF_CUDA_TRY(cudaMemcpyAsync(flag_.data(), &mine, sizeof mine, cudaMemcpyHostToDevice, stream_));
-    check(ncclAllReduce(flag_.data(), flag_.data(), 1, ncclInt32, ncclMin, comm_, stream_), "ncclAllReduce");
-    ZF_CUDA_TRY(cudaMemcpyAsync(&all, flag_.data(), sizeof all, cudaMemcpyDeviceToHost, stream_));
-    ZF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    ZF_CUDA_TRY(cudaMemcpyAsync(&all, flag_.data(), sizeof all, cudaMemcpyDeviceToHost, s));  // (the stream is idle)
     return all != 0;
   }
 
@@ -277,6 +286,53 @@ class nccl_communicator {
       }
     }
     return pieces_.data();
+  }
+
+  // The calling thread on GPU d while it lives (the previous device set back after).
+  struct on_device {
+    int was = 0, dev;
+    explicit on_device(int d) : dev(d) {
+      ZF_CUDA_TRY(cudaGetDevice(&was));
+      if (was != dev) ZF_CUDA_TRY(cudaSetDevice(dev));
+    }
+    on_device(const on_device&) = delete;
+    on_device& operator=(const on_device&) = delete;
+    ~on_device() {
+      if (was != dev) (void)cudaSetDevice(was);
+    }
+  };
+
+  // The stream a vote runs on: the one set, unless it is on another GPU than the communicator's
+  // (or cannot be asked), then the communicator's GPU's default stream.
+  cudaStream_t vote_stream() const {
+#if CUDART_VERSION >= 12080
+    if (stream_) {
+      int d = -1;
+      if (cudaStreamGetDevice(stream_, &d) != cudaSuccess) {
+        (void)cudaGetLastError();  // (not left for the next launch check)
+        return nullptr;
+      }
+      if (d != device_) return nullptr;
+    }
+#endif
+    return stream_;
+  }
+
+  // Blocks until s is idle, polling: a CUDA error of the stream's work throws, and so does an
+  // asynchronous error of the communicator's (its kernels would otherwise wait for ever).
+  void wait_for(cudaStream_t s, const char* what) const {
+    for (unsigned polls = 0;; ++polls) {
+      const cudaError_t q = cudaStreamQuery(s);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) ZF_CUDA_TRY(q);
+      ncclResult_t async = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+      if (async != ncclSuccess) check(async, what);
+      if (polls < 4096)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   void check(ncclResult_t rc, const char* what) const {
