@@ -78,10 +78,17 @@ void register_all(Opt& opt, trainer& tr, const scenario& sc) {
     opt.add_vector({tr.vp[vi].data(), tr.vgb[vi].data(), sc.vecs[vi].n, sc.vecs[vi].pt, sc.vecs[vi].gt});
 }
 
+// n steps; a scenario with vary_lr sets the learning rate before each one by the trainer's own
+// schedule (keyed by stats().steps, which a load restores), as the reference-model test does: a
+// host update in flight at a save was launched with an earlier step's rate than the one in force.
 template <class Opt>
 void steps(Opt& opt, trainer& tr, int n) {
   std::vector<std::vector<double>> gm, gv;
-  for (int i = 0; i < n; ++i) opt.step(float(tr.next(gm, gv)));
+  for (int i = 0; i < n; ++i) {
+    if (tr.sc.vary_lr)
+      opt.set_lr(float(double(tr.sc.cfg.adam.lr) * (1.0 + 0.5 * std::sin(0.9 * double(opt.stats().steps)))));
+    opt.step(float(tr.next(gm, gv)));
+  }
 }
 
 // Everything observable: the trainer's params, masters and moments, counts, selections, stats.
@@ -166,10 +173,11 @@ TEST_CASE("checkpoint: resume is bit-exact, wherever the run is saved") {
     a.initialize();
     steps(a, t1, total);
     const snapshot want = take(a, t1, sc);
-    // the same run saved at step `at`, dropped, and resumed by a new optimizer; every other seed
+    // the same run saved at step `at`, dropped, and resumed by a new optimizer; half the seeds
     // with the host update's params uploaded ahead (a save with such an upload waiting to be
-    // applied keeps it; a load uploads from the loaded master instead), which changes no bit
-    const bool ahead = seed % 2 == 0;
+    // applied keeps it; a load uploads from the loaded master instead), which changes no bit —
+    // with and without an lr schedule (vary_lr: the even seeds)
+    const bool ahead = seed % 4 < 2;
     trainer t2(sc);
     std::optional<trainer> t3;  // the trainer as it was at the save
     {
