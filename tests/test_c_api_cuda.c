@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <zenflow/c_cuda.h>
@@ -176,6 +177,16 @@ int main(int argc, char** argv) {
     no_gpu();
     if (failures) {
       fprintf(stderr, "%d check(s) failed\n", failures);
+      return 1;
+    }
+    /* no device, or no NVIDIA driver installed at all (error 35 without its control device):
+     * a machine without a GPU, skipped; any other error (a driver older than the runtime, a
+     * device failing to initialise) is a broken GPU set-up: failed */
+    const int no_driver = e == cudaErrorInsufficientDriver && access("/dev/nvidiactl", F_OK) != 0 &&
+                          access("/proc/driver/nvidia/version", F_OK) != 0;
+    if (e != cudaSuccess && e != cudaErrorNoDevice && !no_driver) {
+      fprintf(stderr, "C API on CUDA: the GPU cannot be used: %s (%s): a broken GPU set-up\n", cudaGetErrorString(e),
+              cudaGetErrorName(e));
       return 1;
     }
     printf("C API on CUDA: no GPU (%s); the no-GPU path passed, the GPU half is skipped\n",
