@@ -261,7 +261,10 @@ run_out reference_run(const gradient_source& src, reduce_op op, bool overlap, in
 TEST_CASE("data parallel: mpi_communicator refuses MPI_COMM_NULL and an intercommunicator") {
   CHECK_THROWS_WITH_AS(mpi_communicator{MPI_COMM_NULL}, "zenflow: mpi_communicator of MPI_COMM_NULL",
                        std::invalid_argument);
-  if (ranks() < 2) return;  // (an intercommunicator needs two groups: the runs with 2 to 4 ranks)
+  if (ranks() < 2) {  // (an intercommunicator needs two groups: the runs with 2 to 4 ranks)
+    MESSAGE("one rank: the intercommunicator half runs with 2 to 4 ranks");
+    return;
+  }
   const int color = my_rank() % 2;
   MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, color, my_rank(), &half);
