@@ -11,6 +11,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -30,6 +32,9 @@ template <class Opt>
 concept scheduler_waitable = requires(Opt& o) { o.scheduler().wait(); } || requires(Opt& o) { o.scheduler().wait_offload(); };
 static_assert(scheduler_readable<optimizer<>>);
 static_assert(!scheduler_waitable<optimizer<>>);
+// So is its space: a stream set on it directly would bypass the checks and the communicator's
+// stream (initialize(stream) / step(stream, ...) set both).
+static_assert(std::is_const_v<std::remove_reference_t<decltype(std::declval<optimizer<>&>().space())>>);
 
 namespace {
 

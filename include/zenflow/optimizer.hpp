@@ -529,7 +529,9 @@ class optimizer {
     space_.download(out, v.param_master ? v.p.param : v.master.data(), 4 * v.p.n);  // (an fp32 param is its master)
   }
 
-  Space& space() noexcept { return space_; }
+  // The execution space, read-only (its stream(), device()): the stream is set through
+  // initialize(stream) / step(stream, ...), which also hand it to the communicator.
+  const Space& space() const noexcept { return space_; }
   // The scheduler, read-only (busy(), failed(), stall_seconds()): a wait of the caller's own
   // would take a background job's error that the optimizer must see to refuse what follows.
   const Scheduler& scheduler() const noexcept { return scheduler_; }
