@@ -60,7 +60,7 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
     for (int s = 0; s < steps; ++s) {
       for (std::size_t m = 0; m < nmat; ++m)  // a rank's own gradient: a cheap hash, columns of different weight
         for (std::size_t i = 0; i < dim * dim; ++i) {
-          const std::uint32_t h = std::uint32_t(i * 2654435761u) ^ std::uint32_t(s * 40503 + rank * 977 + int(m));
+          const std::uint32_t h = std::uint32_t(i * 2654435761u) ^ (std::uint32_t(s) * 40503u + std::uint32_t(rank) * 977u + std::uint32_t(m));
           g[m][i] = bfloat16((float(h % 2001) / 1000.0f - 1.0f) * (1.0f + float((i / dim + std::size_t(s)) % 7)));
         }
       for (std::size_t i = 0; i < dim; ++i) gb[i] = 0.001f * float(i % 13);

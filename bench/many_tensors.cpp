@@ -89,7 +89,7 @@ void run(const char* layout, const options& o) {
       "\"register_s\":%.6f,\"initialize_s\":%.6f,\"step_median_s\":%.6f,\"steps\":%zu,"
       "\"stats_bytes\":%llu,\"rss_growth_bytes\":%llu,\"stats_over_rss\":%.4f,\"cpu\":\"%s\"}\n",
       layout, many ? o.tensors : std::size_t(2), total_m + total_v, o.threads, seconds(t0, t1), seconds(t1, t2),
-      step_s[step_s.size() / 2], o.steps, (unsigned long long)counted, (unsigned long long)(rss1 - rss0),
+      step_s[step_s.size() / 2], o.steps, (unsigned long long)counted, (unsigned long long)(rss1 > rss0 ? rss1 - rss0 : 0),
       rss1 > rss0 ? double(counted) / double(rss1 - rss0) : 0.0, zf_bench::cpu_model().c_str());
   std::fflush(stdout);
 }
@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   const zf_bench::args a("many_tensors", argc, argv, {"--tensors", "--elements", "--steps", "--threads"});
   o.tensors = a.count("--tensors", o.tensors, 0, 1u << 30);
   o.elements = a.count("--elements", o.elements, 0, 1ull << 40);
+  // (the model's two buffers of tensors / 2 x elements floats each must be sizable)
+  if (o.tensors > 1 && o.elements > (std::size_t(1) << 40) / (o.tensors / 2 + 1))
+    a.fail("--tensors x --elements too large (" + std::to_string(o.tensors) + " x " + std::to_string(o.elements) + ")");
   o.steps = a.count("--steps", o.steps, 0, 1u << 30);
   o.threads = a.count("--threads", o.threads, 0, 1024);
   if (o.tensors < 2 || o.elements < 2 || o.elements % 2 || o.steps == 0 || o.threads == 0) {
