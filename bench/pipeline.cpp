@@ -8,10 +8,13 @@
 // Per configuration one JSON line (see bench/README.md): step seconds, device-idle (stall)
 // seconds per step, host-update seconds per step, bytes each way per step and as a multiple of
 // the model size in the param dtype, speedup and stall_reduction against ZeRO-Offload at the same
-// compute time, link and host threads.
+// compute time, link and host threads. Each point is measured as P pairs of runs (--pairs,
+// default 3; 1 with --quick), ZeRO-Offload and ZenFlow alternated, each run a fresh optimizer:
+// the ratios are per pair, reported as their median and range (this machine drifts by tens of
+// percent within minutes).
 //
 //   pipeline [--layers N] [--hidden D] [--ffn F] [--steps M] [--quick] [--out FILE]
-//            [--sweeps NAME,...] [--launch-us L]
+//            [--sweeps NAME,...] [--launch-us L] [--pairs P]
 // M (default 64, a multiple of 8) is both the measured span and the select interval. --sweeps
 // keeps only the named sweeps' points (base, topk_ratio, update_interval, compute, link,
 // host_threads, upload_ahead). L: the modelled latency of each device-side launch (default 5 us).
@@ -21,11 +24,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -42,11 +43,12 @@ int main(int argc, char** argv) {
   // 1 us timer slack (inherited by the scheduler's threads): sleeps of the device and link
   // emulation end within microseconds of their deadline.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  const args a("pipeline", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--sweeps", "--launch-us"},
+  const args a("pipeline", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--sweeps", "--launch-us", "--pairs"},
                {"--quick"});
   const auto [quick, layers, hidden, ffn, steps, out_path] = read_model_args(a);
   const std::string sweeps = a.text("--sweeps", "");
   device_model::launch_us = a.real("--launch-us", 5, 0, 1e6);
+  const int pairs = int(a.count("--pairs", quick ? 1 : 3, 1, 99));
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "pipeline: cannot open %s\n", out_path.c_str());
@@ -70,16 +72,14 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
 
 
-  std::map<std::tuple<double, double, unsigned>, result> zo_cache;
   for (const point& p : points) {
     device_model::link_gbps = p.gbps;
     const double compute = p.compute_frac * t_host;
-    const auto key = std::make_tuple(p.compute_frac, p.gbps, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<emulated_zero_offload>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false);
-    const result& zo = zo_cache[key];
-    const result zf = run<emulated_zenflow>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead);
+    const paired pr = run_pairs(
+        pairs, [&] { return run<emulated_zenflow>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead); },
+        [&] { return run<emulated_zero_offload>(shape, zero_offload_config(p.threads), compute, 2, quick ? 3 : 16, false); });
     print_line(out, "emulated (host space; sleep for compute, link model)", p, shape, compute, p.gbps,
-               device_model::link_latency_us, cores, zf, zo);
+               device_model::link_latency_us, cores, pr.zf, pr.zo, &pr);
   }
   if (out != stdout) std::fclose(out);
   return 0;

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,8 +185,87 @@ inline zenflow::config zenflow_config(const point& p, int steps) {
   return c;
 }
 
+// One point measured as `pairs` pairs of runs, ZeRO-Offload and ZenFlow alternated (ZO ZF, then
+// ZF ZO, ...), each run on a fresh optimizer: the ratios are taken per pair (two runs back to back,
+// under the same drift of a noisy machine) and reported as their median and range; the runs'
+// own figures as field-by-field medians.
+struct paired {
+  result zf, zo;
+  int pairs = 0;
+  double speedup = 0, speedup_lo = 0, speedup_hi = 0;
+  double stall_reduction = 0, stall_reduction_lo = 0, stall_reduction_hi = 0;
+};
+inline double median_of(std::vector<double> v) {
+  std::vector<double> finite;
+  for (double x : v)
+    if (std::isfinite(x)) finite.push_back(x);
+  if (finite.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(finite.begin(), finite.end());
+  const std::size_t n = finite.size();
+  return n % 2 ? finite[n / 2] : 0.5 * (finite[n / 2 - 1] + finite[n / 2]);
+}
+inline result median_result(const std::vector<result>& rs) {
+  auto med = [&](auto field) {
+    std::vector<double> v;
+    for (const result& r : rs) v.push_back(field(r));
+    return median_of(v);
+  };
+  result m;
+  m.step_s = med([](const result& r) { return r.step_s; });
+  m.stall_s = med([](const result& r) { return r.stall_s; });
+  m.host_update_s = med([](const result& r) { return r.host_update_s; });
+  m.device_work_s = med([](const result& r) { return r.device_work_s; });
+  m.d2h_bytes = med([](const result& r) { return r.d2h_bytes; });
+  m.h2d_bytes = med([](const result& r) { return r.h2d_bytes; });
+  m.link_model_s[0] = med([](const result& r) { return r.link_model_s[0]; });
+  m.link_model_s[1] = med([](const result& r) { return r.link_model_s[1]; });
+  m.reduce_s = med([](const result& r) { return r.reduce_s; });
+  m.median_step_s = med([](const result& r) { return r.median_step_s; });
+  m.selection_step_s = med([](const result& r) { return r.selection_step_s; });
+  return m;
+}
+template <class RunZf, class RunZo>
+paired run_pairs(int pairs, RunZf&& run_zf, RunZo&& run_zo) {
+  std::vector<result> zf, zo;
+  std::vector<double> speedup, stall;
+  for (int i = 0; i < pairs; ++i) {
+    result a, b;
+    if (i % 2 == 0) {
+      b = run_zo();
+      a = run_zf();
+    } else {
+      a = run_zf();
+      b = run_zo();
+    }
+    zf.push_back(a);
+    zo.push_back(b);
+    speedup.push_back(b.step_s / a.step_s);
+    stall.push_back(b.stall_s > 0 ? 1.0 - a.stall_s / b.stall_s : std::numeric_limits<double>::quiet_NaN());
+  }
+  paired p;
+  p.pairs = pairs;
+  p.zf = median_result(zf);
+  p.zo = median_result(zo);
+  p.speedup = median_of(speedup);
+  p.stall_reduction = median_of(stall);
+  auto range = [](const std::vector<double>& v, double& lo, double& hi) {
+    lo = std::numeric_limits<double>::infinity();
+    hi = -lo;
+    for (double x : v)
+      if (std::isfinite(x)) lo = std::min(lo, x), hi = std::max(hi, x);
+    if (lo > hi) lo = hi = std::numeric_limits<double>::quiet_NaN();
+  };
+  range(speedup, p.speedup_lo, p.speedup_hi);
+  range(stall, p.stall_reduction_lo, p.stall_reduction_hi);
+  return p;
+}
+
+// One JSON line. With `pr` (the point measured in pairs): zf and zo are the pairs' medians, the
+// speedup and stall reduction the medians of the per-pair ratios, with their ranges and the
+// number of pairs; without, one run of each.
 inline void print_line(FILE* out, const char* device, const point& p, const model& shape, double compute,
-                       double link_gbps, double latency_us, unsigned cores, const result& zf, const result& zo) {
+                       double link_gbps, double latency_us, unsigned cores, const result& zf, const result& zo,
+                       const paired* pr = nullptr) {
   const double model_bytes = double(shape.params) * 2;  // bf16
   const double threads_used = p.threads ? p.threads : cores;
   std::fprintf(out,
@@ -198,7 +279,8 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                "\"median_step_s\":%.5f,\"selection_step_s\":%.5f},"
                "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
-               "\"speedup\":%.3f,\"stall_reduction\":%s}\n",
+               "\"speedup\":%.3f,\"stall_reduction\":%s,\"pairs\":%d,\"speedup_range\":[%s,%s],"
+               "\"stall_reduction_range\":[%s,%s]}\n",
                device, zf_bench::cpu_model().c_str(), p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac,
                zo.host_update_s > 0 ? compute / zo.host_update_s : 0.0, link_gbps, latency_us,
                threads_used, cores, p.upload_ahead ? "true" : "false", zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
@@ -206,7 +288,12 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                zf.median_step_s, zf.selection_step_s,
                zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s, zo.d2h_bytes, zo.h2d_bytes,
                (zo.d2h_bytes + zo.h2d_bytes) / model_bytes, zo.link_model_s[0], zo.link_model_s[1],
-               zo.step_s / zf.step_s, json_number(1.0 - zf.stall_s / zo.stall_s).c_str());
+               pr ? pr->speedup : zo.step_s / zf.step_s,
+               json_number(pr ? pr->stall_reduction : 1.0 - zf.stall_s / zo.stall_s).c_str(), pr ? pr->pairs : 1,
+               json_number(pr ? pr->speedup_lo : zo.step_s / zf.step_s).c_str(),
+               json_number(pr ? pr->speedup_hi : zo.step_s / zf.step_s).c_str(),
+               json_number(pr ? pr->stall_reduction_lo : 1.0 - zf.stall_s / zo.stall_s).c_str(),
+               json_number(pr ? pr->stall_reduction_hi : 1.0 - zf.stall_s / zo.stall_s).c_str());
   std::fflush(out);
 }
 

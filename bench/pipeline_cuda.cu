@@ -17,6 +17,8 @@
 //   pipeline_cuda [--layers N] [--hidden D] [--ffn F] [--steps M] [--quick] [--out FILE]
 //                 [--sweeps NAME,...]   (only those sweeps' points, as in bench/pipeline)
 //                 [--twins T]           (the emulated twin of the first T points; 0: none)
+//                 [--pairs P]           (runs per point: ZeRO-Offload and ZenFlow alternated,
+//                                        ratios per pair, median and range; default 3, 1 with --quick)
 #include <cuda_runtime.h>
 #include <sys/prctl.h>
 
@@ -24,8 +26,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <tuple>
 #include <vector>
 
 #include <zenflow/cuda.hpp>
@@ -212,10 +212,11 @@ int main(int argc, char** argv) try {
   // 1 us timer slack, inherited by every thread started later (oneTBB's, the scheduler's): the
   // emulated twin's sleeps end within microseconds of their deadlines, as in bench/pipeline.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  const args a("pipeline_cuda", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--twins", "--sweeps"},
+  const args a("pipeline_cuda", argc, argv, {"--layers", "--hidden", "--ffn", "--steps", "--out", "--twins", "--sweeps", "--pairs"},
                {"--quick"});
   const auto [quick, layers, hidden, ffn, steps, out_path] = read_model_args(a);
   const int twins = int(a.count("--twins", 3, 0, 1000));
+  const int pairs = int(a.count("--pairs", quick ? 1 : 3, 1, 99));
   FILE* out = out_path.empty() ? stdout : std::fopen(out_path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "pipeline_cuda: cannot open %s\n", out_path.c_str());
@@ -241,21 +242,21 @@ int main(int argc, char** argv) try {
   const result calib = run<zo_opt>(shape, zero_offload_config(0), 0.0, 2, 4, false, s);
   const double t_host = calib.host_update_s;
   std::fprintf(stderr, "calibration: ZeRO-Offload host update %.4f s/step\n", t_host);
-  std::map<std::tuple<double, unsigned>, result> zo_cache;
   const std::string twin_device = "emulated twin of " + device + " (link, latency, memory, launch as calibrated)";
   const int zo_steps = quick ? 3 : 16;
   for (std::size_t i = 0; i < points.size(); ++i) {
     const point& p = points[i];
     const double compute = p.compute_frac * t_host;
-    const auto key = std::make_tuple(p.compute_frac, p.threads);
-    if (!zo_cache.count(key)) zo_cache[key] = run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, zo_steps, false, s);
-    const result zf = run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead, s);
-    print_line(out, device.c_str(), p, shape, compute, 0.0, 0.0, cores, zf, zo_cache[key]);
+    const paired pr = run_pairs(
+        pairs, [&] { return run<zf_opt>(shape, zenflow_config(p, steps), compute, 16, steps, p.upload_ahead, s); },
+        [&] { return run<zo_opt>(shape, zero_offload_config(p.threads), compute, 2, zo_steps, false, s); });
+    const result &zf = pr.zf, &zo = pr.zo;
+    print_line(out, device.c_str(), p, shape, compute, 0.0, 0.0, cores, zf, zo, &pr);
     if (int(i) < twins) {
       const auto [ezf, ezo] = emulated_twin(shape, p, compute, steps, zo_steps, cal);
       print_line(out, twin_device.c_str(), p, shape, compute, 0.5 * (cal.to_host_gbps + cal.to_device_gbps),
                  cal.latency_us, cores, ezf, ezo);
-      print_agreement(out, p, compute, zf, zo_cache[key], ezf, ezo);
+      print_agreement(out, p, compute, zf, zo, ezf, ezo);
     }
   }
   ZF_CUDA_TRY(cudaStreamDestroy(s));
