@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <random>
 #include <stdexcept>
@@ -59,8 +60,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// One set of buffers for the kernel or its roofline twin, first touched by the threads that
-// will use it, with the same static split as the kernels.
+// One set of buffers for the kernel or its roofline twin: zeroed by the constructing thread
+// (host_array), then written by the arena's threads with the same static split as the kernels.
 struct state {
   host_array<float> p, m, v, g32, acc;
   host_array<bfloat16> g16, copy;
@@ -132,6 +133,20 @@ const kernel_case cases[] = {
     {"accumulate_f32", 12, [](auto& a, auto& s, auto n, auto& k, bool t) { run_accumulate(a, s, n, k, t, false); }},
 };
 
+// Before a case is timed: the tier's result on fresh inputs has the scalar tier's bits (every
+// tier computes the same bits, a promise of the library), so that a kernel that skipped or botched
+// work is not timed as fast. On the first 2^20 elements (all of them when fewer).
+void check_against_scalar(tbb::task_arena& arena, const kernel_case& c, const kernel_table& k, std::size_t n) {
+  const std::size_t m = std::min<std::size_t>(n, std::size_t(1) << 20);
+  state a(arena, m), b(arena, m);
+  c.run(arena, a, m, k, false);
+  c.run(arena, b, m, kernels(isa::scalar), false);
+  auto same = [m](const auto& x, const auto& y) { return std::memcmp(x.data(), y.data(), m * sizeof(*x.data())) == 0; };
+  if (!same(a.p, b.p) || !same(a.m, b.m) || !same(a.v, b.v) || !same(a.acc, b.acc) || !same(a.copy, b.copy))
+    throw std::runtime_error(std::string(c.name) + ": the " + std::string(name_of(k.tier)) +
+                             " kernel's result differs from the scalar tier's");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -178,6 +193,7 @@ int main(int argc, char** argv) try {
       tbb::task_arena arena{int(t)};
       state work(arena, n), roof(arena, n);
       for (const kernel_case& c : cases) {
+        check_against_scalar(arena, c, k, n);
         std::vector<double> tk, tr;
         for (int r = -1; r < reps; ++r) {  // r = -1: warm-up, not recorded
           for (int which = 0; which < 2; ++which) {  // alternate kernel and roofline
@@ -218,6 +234,12 @@ int main(int argc, char** argv) try {
             const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (r >= 0) (alone ? ts : ta).push_back(dt);
           }
+        // (and the two give the same bits: the rank order is the arena's too)
+        host_array<bfloat16> alone_out(n);
+        sum_in_rank_order(nullptr, pieces.data(), dtype::bf16, R, n, true, alone_out.data(), tier);
+        sum_in_rank_order(&arena, pieces.data(), dtype::bf16, R, n, true, out.data(), tier);
+        if (std::memcmp(alone_out.data(), out.data(), 2 * n) != 0)
+          throw std::runtime_error("rank_sum: the arena's sum differs from the calling thread's");
         const double sa = median(ta), ss = median(ts);
         const double gb = double(2 * R + 2) * double(n) / 1e9;
         std::printf(
