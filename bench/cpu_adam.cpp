@@ -150,6 +150,7 @@ void check_against_scalar(tbb::task_arena& arena, const kernel_case& c, const ke
 }  // namespace
 
 int main(int argc, char** argv) try {
+  zf_bench::record_run(argc, argv);
   std::vector<std::size_t> sizes = {1u << 20, 16u << 20, 128u << 20};
   std::vector<std::size_t> threads = {1, 2};
   int reps = 9;
@@ -208,8 +209,9 @@ int main(int argc, char** argv) try {
         const double sk = median(tk), sr = median(tr);
         const double gb = c.bytes_per_elem * double(n) / 1e9;
         std::printf(
-            "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
+            "{%s\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
             "\"roofline_gbps\":%.4g,\"ratio\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
+            zf_bench::run_fields(),
             c.name, n, t, sk, gb / sk, gb / sr, sr / sk, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
         std::fflush(stdout);
       }
@@ -243,8 +245,9 @@ int main(int argc, char** argv) try {
         const double sa = median(ta), ss = median(ts);
         const double gb = double(2 * R + 2) * double(n) / 1e9;
         std::printf(
-            "{\"kernel\":\"rank_sum_bf16_r4\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
+            "{%s\"kernel\":\"rank_sum_bf16_r4\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
             "\"calling_thread_seconds\":%.6g,\"speedup\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
+            zf_bench::run_fields(),
             n, t, sa, gb / sa, ss, ss / sa, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
         std::fflush(stdout);
       }
@@ -261,8 +264,9 @@ int main(int argc, char** argv) try {
           }
         const double sa = median(ta), sb = median(tb);
         std::printf(
-            "{\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"isa\":\"%s\",\"seconds\":%.6g,"
+            "{%s\"kernel\":\"%s\",\"n\":%zu,\"threads\":%zu,\"isa\":\"%s\",\"seconds\":%.6g,"
             "\"versus_isa\":\"%s\",\"versus_seconds\":%.6g,\"speedup\":%.4f,\"reps\":%d,\"cpu\":\"%s\"}\n",
+            zf_bench::run_fields(),
             c.name, n, t, std::string(name_of(tier)).c_str(), sa, std::string(name_of(versus->tier)).c_str(), sb,
             sb / sa, reps, cpu.c_str());
         std::fflush(stdout);

@@ -31,6 +31,7 @@
 #include <zenflow/cuda.hpp>
 
 #include "cuda_timer.hpp"
+#include "machine.hpp"
 
 using namespace zenflow;
 using zf_bench::median;
@@ -85,15 +86,16 @@ std::vector<shape> llama_layers(int layers) {
 void print_ratio(const char* kernel, const char* extra, std::size_t bytes, double tw, double tc, const char* gpu,
                  int reps) {
   const double gbps = double(bytes) / tw / 1e9, copy = double(bytes) / tc / 1e9;
-  std::printf("{\"kernel\":\"%s\",%s\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,\"copy_gbps\":%.4g,"
+  std::printf("{%s\"kernel\":\"%s\",%s\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,\"copy_gbps\":%.4g,"
               "\"ratio\":%.4f,\"goal_ratio\":0.8,\"gpu\":\"%s\",\"reps\":%d}\n",
-              kernel, extra, bytes, tw, gbps, copy, gbps / copy, gpu, reps);
+              zf_bench::run_fields(), kernel, extra, bytes, tw, gbps, copy, gbps / copy, gpu, reps);
   std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
+  zf_bench::record_run(argc, argv);
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   const int reps = quick ? 5 : 15;
   const int layers = quick ? 4 : 32;
@@ -141,9 +143,9 @@ int main(int argc, char** argv) try {
           if (r >= 0) wall.push_back(dt);
         }
         const double w = median(wall);
-        std::printf("{\"kernel\":\"step_overheads\",\"what\":\"summary_readback\",\"model\":\"llama2-7b\",\"layers\":%d,"
+        std::printf("{%s\"kernel\":\"step_overheads\",\"what\":\"summary_readback\",\"model\":\"llama2-7b\",\"layers\":%d,"
                     "\"wall_seconds\":%.6g,\"kernel_seconds\":%.6g,\"gpu_idle_seconds\":%.6g,\"gpu\":\"%s\",\"reps\":%d}\n",
-                    layers, w, tw, w > tw ? w - tw : 0.0, prop.name, reps);
+                    zf_bench::run_fields(), layers, w, tw, w > tw ? w - tw : 0.0, prop.name, reps);
         std::fflush(stdout);
       }
     }
@@ -217,9 +219,9 @@ int main(int argc, char** argv) try {
       u.enqueue_gradient_pass(space);
       compact_all();
     });
-    std::printf("{\"kernel\":\"compaction_fused_vs_separate\",%s\"fused_seconds\":%.6g,\"separate_seconds\":%.6g,"
+    std::printf("{%s\"kernel\":\"compaction_fused_vs_separate\",%s\"fused_seconds\":%.6g,\"separate_seconds\":%.6g,"
                 "\"fused_over_separate\":%.4f,\"gpu\":\"%s\",\"reps\":%d}\n",
-                extra, tf, tsep, tf / tsep, prop.name, reps);
+                zf_bench::run_fields(), extra, tf, tsep, tf / tsep, prop.name, reps);
     std::fflush(stdout);
     (void)tcsep;
   }
@@ -274,9 +276,9 @@ int main(int argc, char** argv) try {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r >= 0) times.push_back(dt);
     }
-    std::printf("{\"kernel\":\"topk\",\"model\":\"llama2-7b\",\"layers\":%d,\"matrices\":%zu,\"columns\":%zu,"
+    std::printf("{%s\"kernel\":\"topk\",\"model\":\"llama2-7b\",\"layers\":%d,\"matrices\":%zu,\"columns\":%zu,"
                 "\"topk_ratio\":0.1,\"seconds\":%.6g,\"goal_seconds\":0.001,\"gpu\":\"%s\",\"reps\":%d}\n",
-                layers, shapes.size(), total_cols, median(times), prop.name, reps);
+                zf_bench::run_fields(), layers, shapes.size(), total_cols, median(times), prop.name, reps);
   }
   // The pinned transport over the host link, per direction, against a plain cudaMemcpyAsync of
   // the same bytes between device memory and one page-locked buffer (the link's own speed):
@@ -342,9 +344,10 @@ int main(int argc, char** argv) try {
            {std::tuple{"d2h", "stream_to_host", d2h, plain_d2h}, std::tuple{"h2d", "to_device_pageable", h2d, plain_h2d},
             std::tuple{"h2d", "round_stage_to_device", staged, plain_h2d},
             std::tuple{"h2d", "round_fill_to_device", filled, plain_h2d}})
-        std::printf("{\"kernel\":\"transport\",\"direction\":\"%s\",\"path\":\"%s\",\"piece_bytes\":%zu,"
+        std::printf("{%s\"kernel\":\"transport\",\"direction\":\"%s\",\"path\":\"%s\",\"piece_bytes\":%zu,"
                     "\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,\"plain_gbps\":%.4g,\"ratio\":%.4f,"
                     "\"goal_ratio\":0.9,\"gpu\":\"%s\",\"reps\":%d}\n",
+                    zf_bench::run_fields(),
                     dir, path, piece, bytes, t, double(bytes) / t / 1e9, double(bytes) / plain / 1e9, plain / t,
                     prop.name, reps);
       std::fflush(stdout);

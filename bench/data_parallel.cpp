@@ -89,8 +89,9 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
       const char* names[nf] = {"host_update_s",         "bytes_to_host_per_step", "bytes_to_device_per_step",
                                "bytes_reduced_per_step", "bytes_gathered_per_step", "host_pageable_bytes",
                                "median_step_s",          "reduce_s_per_step",     "communicator_bytes"};
-      std::printf("{\"bench\":\"data_parallel\",\"cpu\":\"%s\",\"host_cores\":%u,\"reduction\":\"%s\",\"ranks\":%d,"
+      std::printf("{%s\"bench\":\"data_parallel\",\"cpu\":\"%s\",\"host_cores\":%u,\"reduction\":\"%s\",\"ranks\":%d,"
                   "\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u",
+                  zf_bench::run_fields(),
                   zf_bench::cpu_model().c_str(), std::max(1u, std::thread::hardware_concurrency()), reduction, R,
                   nmat * dim * dim + dim, steps, threads);
       for (int f = 0; f < nf; ++f) {
@@ -104,6 +105,7 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
 }
 
 int main(int argc, char** argv) {
+  zf_bench::record_run(argc, argv);
   int provided = 0;  // zenflow runs threads of its own; only this one calls MPI
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   const zf_bench::args a("data_parallel", argc, argv, {"--dim", "--matrices", "--steps", "--threads"});

@@ -70,6 +70,7 @@ void print_array(const char* name, const std::vector<double>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zf_bench::record_run(argc, argv);
   int provided = 0;  // zenflow runs threads of its own; only this one calls MPI
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // (see bench/pipeline)
@@ -121,11 +122,12 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     const double model_bytes = double(shape.params) * 2;
     auto slowest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-    std::printf("{\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
+    std::printf("{%s\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
                 "model), a device per rank\",\"cpu\":\"%s\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
                 "\"model_bytes\":%.0f,\"topk_ratio\":0.1,\"update_interval\":4,\"link_gbps\":25,"
                 "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g,"
                 "\"upload_ahead\":%s",
+                zf_bench::run_fields(),
                 zf_bench::cpu_model().c_str(), R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
                 compute, frac, ahead ? "true" : "false");
     print_array("zenflow_step_s", zf_step);

@@ -85,9 +85,10 @@ void run(const char* layout, const options& o) {
       st.host_pageable_bytes + st.host_pinned_bytes + st.device_bytes + st.host_bookkeeping_bytes;
   std::sort(step_s.begin(), step_s.end());
   std::printf(
-      "{\"bench\":\"many_tensors\",\"layout\":\"%s\",\"tensors\":%zu,\"params\":%zu,\"threads\":%zu,"
+      "{%s\"bench\":\"many_tensors\",\"layout\":\"%s\",\"tensors\":%zu,\"params\":%zu,\"threads\":%zu,"
       "\"register_s\":%.6f,\"initialize_s\":%.6f,\"step_median_s\":%.6f,\"steps\":%zu,"
       "\"stats_bytes\":%llu,\"rss_growth_bytes\":%llu,\"stats_over_rss\":%.4f,\"cpu\":\"%s\"}\n",
+      zf_bench::run_fields(),
       layout, many ? o.tensors : std::size_t(2), total_m + total_v, o.threads, seconds(t0, t1), seconds(t1, t2),
       step_s[step_s.size() / 2], o.steps, (unsigned long long)counted, (unsigned long long)(rss1 > rss0 ? rss1 - rss0 : 0),
       rss1 > rss0 ? double(counted) / double(rss1 - rss0) : 0.0, zf_bench::cpu_model().c_str());
@@ -97,6 +98,7 @@ void run(const char* layout, const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zf_bench::record_run(argc, argv);
   options o;
   const zf_bench::args a("many_tensors", argc, argv, {"--tensors", "--elements", "--steps", "--threads"});
   o.tensors = a.count("--tensors", o.tensors, 0, 1u << 30);

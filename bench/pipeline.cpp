@@ -40,6 +40,7 @@ using zenflow::bfloat16;
 using zenflow::dtype;
 
 int main(int argc, char** argv) {
+  zf_bench::record_run(argc, argv);
   // 1 us timer slack (inherited by the scheduler's threads): sleeps of the device and link
   // emulation end within microseconds of their deadline.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);

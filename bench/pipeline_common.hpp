@@ -269,7 +269,7 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
   const double model_bytes = double(shape.params) * 2;  // bf16
   const double threads_used = p.threads ? p.threads : cores;
   std::fprintf(out,
-               "{\"bench\":\"pipeline\",\"device\":\"%s\",\"cpu\":\"%s\","
+               "{%s\"bench\":\"pipeline\",\"device\":\"%s\",\"cpu\":\"%s\","
                "\"sweep\":\"%s\",\"params\":%zu,\"model_bytes\":%.0f,\"topk_ratio\":%g,\"update_interval\":%u,"
                "\"compute_s\":%.5f,\"compute_over_host_update\":%g,\"compute_over_this_host_update\":%.4f,"
                "\"link_gbps\":%g,\"link_latency_us\":%g,"
@@ -281,6 +281,7 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
                "\"speedup\":%.3f,\"stall_reduction\":%s,\"pairs\":%d,\"speedup_range\":[%s,%s],"
                "\"stall_reduction_range\":[%s,%s]}\n",
+               zf_bench::run_fields(),
                device, zf_bench::cpu_model().c_str(), p.sweep, shape.params, model_bytes, p.r, p.U, compute, p.compute_frac,
                zo.host_update_s > 0 ? compute / zo.host_update_s : 0.0, link_gbps, latency_us,
                threads_used, cores, p.upload_ahead ? "true" : "false", zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,

@@ -167,8 +167,9 @@ link_calibration measure_link(cudaStream_t s) {
 
 void print_calibration(FILE* out, const char* device, const link_calibration& c) {
   std::fprintf(out,
-               "{\"bench\":\"pipeline_calibration\",\"device\":\"%s\",\"cpu\":\"%s\",\"to_host_gbps\":%.2f,"
+               "{%s\"bench\":\"pipeline_calibration\",\"device\":\"%s\",\"cpu\":\"%s\",\"to_host_gbps\":%.2f,"
                "\"to_device_gbps\":%.2f,\"latency_us\":%.2f,\"memory_gbps\":%.1f,\"launch_us\":%.3f}\n",
+               zf_bench::run_fields(),
                device, cpu_model().c_str(), c.to_host_gbps, c.to_device_gbps, c.latency_us, c.memory_gbps, c.launch_us);
   std::fflush(out);
 }
@@ -190,7 +191,7 @@ void print_agreement(FILE* out, const point& p, double compute, const result& zf
   bool agree = true;
   for (double x : q) agree = agree && x >= 0.85 && x <= 1.15;
   std::fprintf(out,
-               "{\"bench\":\"pipeline_agreement\",\"sweep\":\"%s\",\"topk_ratio\":%g,\"update_interval\":%u,"
+               "{%s\"bench\":\"pipeline_agreement\",\"sweep\":\"%s\",\"topk_ratio\":%g,\"update_interval\":%u,"
                "\"compute_s\":%.5f,\"host_threads\":%u,\"upload_ahead\":%s,"
                "\"real\":{\"zf_step_s\":%.5f,\"zo_step_s\":%.5f,\"zf_not_trainer_s\":%.5f,\"zo_not_trainer_s\":%.5f,"
                "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f,\"zf_selection_extra_s\":%.5f},"
@@ -198,6 +199,7 @@ void print_agreement(FILE* out, const point& p, double compute, const result& zf
                "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f,\"zf_selection_extra_s\":%.5f},"
                "\"emulated_over_real\":{\"zf_step\":%.3f,\"zo_step\":%.3f,\"speedup\":%.3f,\"zf_not_trainer\":%.3f,"
                "\"zo_not_trainer\":%.3f,\"zf_host_update\":%.3f,\"zo_host_update\":%.3f},\"within_15_percent\":%s}\n",
+               zf_bench::run_fields(),
                p.sweep, p.r, p.U, compute, p.threads, p.upload_ahead ? "true" : "false", zf.step_s, zo.step_s, busy_zf,
                busy_zo, zf.host_update_s, zo.host_update_s, speedup, extra(zf), ezf.step_s, ezo.step_s, ebusy_zf, ebusy_zo,
                ezf.host_update_s, ezo.host_update_s, espeedup, extra(ezf), q[0], q[1], q[2], ratio(ebusy_zf, busy_zf),
@@ -209,6 +211,7 @@ void print_agreement(FILE* out, const point& p, double compute, const result& zf
 }  // namespace
 
 int main(int argc, char** argv) try {
+  zf_bench::record_run(argc, argv);
   // 1 us timer slack, inherited by every thread started later (oneTBB's, the scheduler's): the
   // emulated twin's sleeps end within microseconds of their deadlines, as in bench/pipeline.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
