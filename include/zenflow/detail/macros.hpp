@@ -21,6 +21,17 @@
 #  define ZF_FORCEINLINE inline
 #endif
 
+// -ffinite-math-only (which -ffast-math implies) lets the compiler assume no NaN or infinity: it
+// folds the finite checks to "true", so a step whose gradients overflowed would be applied and
+// corrupt the master weights and moments, silently. Refused unless the trainer says it knows
+// (ZENFLOW_ALLOW_FINITE_MATH_ONLY: its gradients are never checked then).
+#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#  if defined(ZENFLOW_ALLOW_FINITE_MATH_ONLY)
+#    warning "zenflow: -ffinite-math-only (or -ffast-math): NaN/Inf gradients are NOT detected, a step with them is applied"
+#  else
+#    error "zenflow: built with -ffinite-math-only (or -ffast-math), which removes the NaN/Inf gradient checks; build zenflow's code without it (-fno-finite-math-only), or define ZENFLOW_ALLOW_FINITE_MATH_ONLY to accept unchecked steps"
+#  endif
+#endif
 #if defined(__FAST_MATH__)
-#  warning "zenflow: -ffast-math breaks the bit-exact AdamW contract (reassociation, no NaN checks)"
+#  warning "zenflow: -ffast-math breaks the bit-exact AdamW contract (reassociation)"
 #endif
