@@ -2,6 +2,7 @@
  * written here (the obviously correct loop), zenflow training a least-squares fit and resuming
  * from a checkpoint bit for bit, and each kind of bad call's status code and message. Exit status
  * 0 when every check holds; each failure is printed. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +242,42 @@ static void bad_calls(const char* dir) {
   zf_destroy(opt);
 }
 
+/* Each code's name is its enumerator's spelling (the reference is the header's own names, typed
+ * out here), and values outside the enum, negative or past the last, get the fallback. */
+static void status_names(void) {
+  CHECK(strcmp(zf_status_string(ZF_OK), "ZF_OK") == 0);
+  CHECK(strcmp(zf_status_string(ZF_INVALID_ARGUMENT), "ZF_INVALID_ARGUMENT") == 0);
+  CHECK(strcmp(zf_status_string(ZF_CHECKPOINT_ERROR), "ZF_CHECKPOINT_ERROR") == 0);
+  CHECK(strcmp(zf_status_string(ZF_IO_ERROR), "ZF_IO_ERROR") == 0);
+  CHECK(strcmp(zf_status_string(ZF_OUT_OF_MEMORY), "ZF_OUT_OF_MEMORY") == 0);
+  CHECK(strcmp(zf_status_string(ZF_UNUSABLE), "ZF_UNUSABLE") == 0);
+  CHECK(strcmp(zf_status_string(ZF_INTERNAL_ERROR), "ZF_INTERNAL_ERROR") == 0);
+  CHECK(strcmp(zf_status_string(ZF_INTERNAL_ERROR + 1), "unknown zf_status") == 0);
+  CHECK(strcmp(zf_status_string(-1), "unknown zf_status") == 0);
+  CHECK(strcmp(zf_status_string(INT_MIN), "unknown zf_status") == 0);
+  /* a status from a real failure names itself, and leaves the thread's message alone */
+  zf_optimizer* opt = NULL;
+  const zf_status st = zf_create("no such kind", NULL, &opt);
+  CHECK(st == ZF_INVALID_ARGUMENT && opt == NULL);
+  CHECK(strcmp(zf_status_string(st), "ZF_INVALID_ARGUMENT") == 0);
+  CHECK(contains(zf_last_error(), "no such kind"));
+}
+
+/* A whole DeepSpeed config needs its zero_optimization.zenflow block whatever the kind (c.h). */
+static void deepspeed_config_block(void) {
+  static const char* kinds[] = {"zenflow", "zero_offload", "device_adam"};
+  for (int k = 0; k < 3; ++k) {
+    zf_optimizer* opt = NULL;
+    CHECK(zf_create(kinds[k], "{\"zero_optimization\": {\"stage\": 2}, \"optimizer\": {\"params\": {\"lr\": 0.01}}}",
+                    &opt) == ZF_INVALID_ARGUMENT);
+    CHECK(opt == NULL);
+    CHECK(contains(zf_last_error(), "has no zero_optimization.zenflow block"));
+    CHECK(zf_create(kinds[k], "{\"zero_optimization\": {\"stage\": 2, \"zenflow\": {}}, \"optimizer\": {\"params\": {\"lr\": 0.01}}}",
+                    &opt) == ZF_OK);
+    zf_destroy(opt);
+  }
+}
+
 int main(int argc, char** argv) {
   const char* dir = argc > 1 ? argv[1] : ".";
   char path[4096];
@@ -248,6 +285,8 @@ int main(int argc, char** argv) {
   device_adam_against_reference();
   zenflow_trains_and_resumes(path);
   bad_calls(dir);
+  status_names();
+  deepspeed_config_block();
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   else printf("C API: all checks passed\n");
   return failures ? 1 : 0;

@@ -15,8 +15,13 @@
 #include <vector>
 
 #include <zenflow/cuda.hpp>
+#include <zenflow/detail/c_status.hpp>
 
 using namespace zenflow;
+
+namespace {
+const char* zf_last_error_text() { return c_api::last_error().c_str(); }
+}  // namespace
 
 // The optional policy extras the optimizer detects at compile time are detected for CUDA: a
 // false detection would silently skip the transport's reserve() or the device top-k.
@@ -105,6 +110,27 @@ TEST_CASE("any_optimizer on cuda_space: the stream is the space's, and no GPU is
                          cuda_error);
     CHECK_FALSE(opt.initialized());
   }
+}
+
+// The reference is CUDA's own code and std::errc's meaning: only cudaErrorMemoryAllocation is
+// "not enough memory" (a trainer can free memory and retry); any other CUDA error is not.
+TEST_CASE("cuda_error: out of memory is std::errc::not_enough_memory, and ZF_OUT_OF_MEMORY in C") {
+  const cuda_error oom(cudaErrorMemoryAllocation, "zenflow: cudaMalloc(...) failed: out of memory");
+  CHECK(oom.code() == cudaErrorMemoryAllocation);
+  CHECK(oom.error_code() == std::errc::not_enough_memory);
+  CHECK(std::string(oom.what()) == "zenflow: cudaMalloc(...) failed: out of memory");  // whole, nothing appended
+  CHECK(std::string(oom.error_code().category().name()) == "cuda");
+  const cuda_error fault(cudaErrorIllegalAddress, "zenflow: a kernel faulted");
+  CHECK_FALSE(fault.error_code() == std::errc::not_enough_memory);
+  CHECK(fault.error_code().message().find("cudaErrorIllegalAddress") != std::string::npos);
+  const cuda_error copy = oom;  // an exception copies without throwing
+  CHECK(std::string(copy.what()) == oom.what());
+
+  CHECK(c_api::guarded([&] { throw oom; }) == ZF_OUT_OF_MEMORY);
+  CHECK(std::string(zf_last_error_text()) == oom.what());
+  CHECK(c_api::guarded([&] { throw fault; }) == ZF_IO_ERROR);
+  CHECK(std::string(zf_last_error_text()) == fault.what());
+  CHECK(c_api::guarded([] { throw cuda_error(cudaErrorNoDevice, "zenflow: no device"); }) == ZF_IO_ERROR);
 }
 
 TEST_CASE("cuda memory without a GPU: allocation throws cuda_error naming the call") {

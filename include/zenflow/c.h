@@ -81,9 +81,12 @@ int zf_version(void) ZF_NOEXCEPT;
 /* kind: "zenflow", "zero_offload" or "device_adam". config_json: NULL for the defaults, the
  * "zenflow" block of a DeepSpeed config ({"topk_ratio": 0.1, "update_interval": 4, ...}), or a
  * whole DeepSpeed config (an object with "zero_optimization"; its optimizer.params give lr,
- * betas, eps and weight_decay). On success *out is the new handle; on failure *out is NULL. */
+ * betas, eps and weight_decay), which must hold a "zero_optimization.zenflow" block whatever the
+ * kind ({} gives the defaults; without one ZenFlow is off in it, and it is refused). On success
+ * *out is the new handle; on failure *out is NULL. */
 zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out) ZF_NOEXCEPT;
-/* Releases everything (waits for a host update in flight). NULL is allowed. */
+/* Releases everything (waits for a host update in flight; a failure of that update is not
+ * reported: zf_synchronize first returns it). NULL is allowed. */
 void zf_destroy(zf_optimizer* opt) ZF_NOEXCEPT;
 
 /* Registration, before zf_initialize. rows = output features, cols = input features (a column is
@@ -134,6 +137,11 @@ zf_status zf_load(zf_optimizer* opt, const char* path) ZF_NOEXCEPT;
  * but for zf_copy_master's buffer, which a failure midway may leave partly written. A handle is
  * not to be used from two threads at once. */
 const char* zf_last_error(void) ZF_NOEXCEPT;
+
+/* The name of a status code ("ZF_OK", "ZF_UNUSABLE", ...; "unknown zf_status" for any other
+ * value), a static string: for logs written away from the failing call, where zf_last_error()
+ * may already hold another call's message. */
+const char* zf_status_string(int status) ZF_NOEXCEPT;
 
 #ifdef __cplusplus
 }

@@ -11,9 +11,12 @@
  *     it after the trainer's backward; zf_initialize and zf_step use the stream of the last call
  *     that gave one (at first the default stream);
  *   - zf_copy_master's out is host memory (device memory is refused);
- *   - a CUDA failure (no GPU, no driver, a failed launch) returns ZF_IO_ERROR, its message naming
- *     the CUDA call and error; without a GPU, zf_create_cuda and the registrations succeed and
- *     zf_initialize fails so, leaving the handle uninitialised with its registrations.
+ *   - a CUDA failure (no GPU, no driver, a failed launch) returns ZF_IO_ERROR, device or
+ *     page-locked memory the runtime could not give (cudaErrorMemoryAllocation)
+ *     ZF_OUT_OF_MEMORY, each with a message naming the CUDA call and error — or ZF_UNUSABLE
+ *     when the failure came midway through a step or a load (c.h); without a GPU, zf_create_cuda
+ *     and the registrations succeed and zf_initialize fails with ZF_IO_ERROR, leaving the
+ *     handle uninitialised with its registrations.
  * Link the zenflow::c_cuda library (CMake; built when a CUDA compiler is found), or compile
  * <zenflow/c_cuda_impl.hpp> into one .cu file of your own (nvcc, C++20) beside <zenflow/c_impl.hpp>.
  *

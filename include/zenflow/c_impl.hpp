@@ -183,6 +183,19 @@ zf_status zf_load(zf_optimizer* opt, const char* path) noexcept {
 
 const char* zf_last_error(void) noexcept { return zenflow::c_api::last_error().c_str(); }
 
+const char* zf_status_string(int status) noexcept {
+  switch (status) {
+    case ZF_OK: return "ZF_OK";
+    case ZF_INVALID_ARGUMENT: return "ZF_INVALID_ARGUMENT";
+    case ZF_CHECKPOINT_ERROR: return "ZF_CHECKPOINT_ERROR";
+    case ZF_IO_ERROR: return "ZF_IO_ERROR";
+    case ZF_OUT_OF_MEMORY: return "ZF_OUT_OF_MEMORY";
+    case ZF_UNUSABLE: return "ZF_UNUSABLE";
+    case ZF_INTERNAL_ERROR: return "ZF_INTERNAL_ERROR";
+    default: return "unknown zf_status";
+  }
+}
+
 }  // extern "C"
 
 #undef ZF_C_HANDLE

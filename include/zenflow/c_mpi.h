@@ -10,8 +10,8 @@
  * fails on every rank, the rank at fault with its own message; none is left waiting — but for a
  * NULL handle, refused on that rank alone (there is no communicator to tell the others through).
  * zf_add_matrix, zf_add_vector, zf_set_group, zf_set_lr and zf_stats_get are each rank's own, but
- * every rank must register the same tensors and set the same learning rate (zf_initialize and
- * zf_step refuse otherwise, on every rank). zf_save writes a
+ * every rank must register the same tensors and set the same learning rate, and create it with
+ * the same kind and config (zf_initialize and zf_step refuse otherwise, on every rank). zf_save writes a
  * shard per rank and a manifest at path; zf_load reads such a set, written by any number of ranks.
  *
  *   int provided;   (zenflow's own threads never call MPI: README, "Data parallel over MPI")
@@ -41,7 +41,11 @@ extern "C" {
  * every rank (the others say so), each *out NULL. comm MPI_COMM_NULL is ZF_INVALID_ARGUMENT on
  * the ranks that pass it, without a collective (as is MPI not initialised): every rank must pass
  * it alike. The gradients' reduction ("gradient_reduction" in the config: "mean", the default, or
- * "sum") is in rank order, the same bits run after run. */
+ * "sum") is in rank order, the same bits run after run.
+ * Errors of MPI itself are handled as comm's error handler says: zf_create_mpi's first vote and
+ * its duplicate are made on comm, so under MPI's default (MPI_ERRORS_ARE_FATAL) a failure there
+ * aborts the job; a communicator the trainer already freed is undefined behaviour, as for any
+ * MPI call. */
 zf_status zf_create_mpi(const char* kind, const char* config_json, MPI_Comm comm, zf_optimizer** out) ZF_NOEXCEPT;
 
 #ifdef __cplusplus

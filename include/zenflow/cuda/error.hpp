@@ -9,16 +9,43 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace zenflow {
 
-class cuda_error : public std::runtime_error {
+// CUDA's error codes as a std::error_category: out of memory (cudaErrorMemoryAllocation) is
+// equivalent to std::errc::not_enough_memory, so a trainer (and the C API, which returns
+// ZF_OUT_OF_MEMORY for it) tells a device or pinned memory shortage it can act on from a failure.
+class cuda_error_category final : public std::error_category {
  public:
-  cuda_error(cudaError_t code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  const char* name() const noexcept override { return "cuda"; }
+  std::string message(int c) const override {
+    const auto e = static_cast<cudaError_t>(c);
+    return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+  }
+  std::error_condition default_error_condition(int c) const noexcept override {
+    if (c == int(cudaErrorMemoryAllocation)) return std::make_error_condition(std::errc::not_enough_memory);
+    return std::error_condition(c, *this);
+  }
+};
+inline const std::error_category& cuda_category() noexcept {
+  static const cuda_error_category category;
+  return category;
+}
+
+// what() is the message given, whole (it names the call and CUDA's error already); code() is the
+// CUDA error in cuda_category().
+class cuda_error : public std::system_error {
+ public:
+  cuda_error(cudaError_t code, const std::string& what)
+      : std::system_error(int(code), cuda_category()), code_(code), what_(what) {}
   cudaError_t code() const noexcept { return code_; }
+  const std::error_code& error_code() const noexcept { return std::system_error::code(); }
+  const char* what() const noexcept override { return what_.what(); }
 
  private:
   cudaError_t code_;
+  std::runtime_error what_;  // (its copy cannot throw, as an exception's must not)
 };
 
 namespace cuda_detail {
