@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,6 +41,23 @@ TEST_CASE("zenflow on the host space matches the reference model, step by step")
 // holds step by step (every param, master, count, selection and byte count after every step),
 // with the same bits as uploading at the boundary, and the area costs exactly the param bytes of
 // each matrix's unselected columns (256-byte aligned) of device memory.
+// Zen-auto's boundary rule, "at least auto_ratio of the eligible matrices", against integer
+// arithmetic: for a share written as k/100, needing·100 >= k·eligible exactly.
+TEST_CASE("Zen-auto: at least the share, counted exactly for every share written in hundredths") {
+  CHECK(zenflow::detail::at_least_share(55, 100, 0.55));  // the product 0.55 * 100 exceeded 55
+  CHECK(zenflow::detail::at_least_share(99, 180, 0.55));
+  CHECK(zenflow::detail::at_least_share(0, 0, 0.99));  // nothing eligible: a boundary
+  int wrong = 0;
+  for (int k = 0; k <= 100; ++k) {
+    const double share = std::stod("0." + std::string(k < 10 ? "0" : "") + std::to_string(k));
+    const double ratio = k == 100 ? 1.0 : share;
+    for (std::size_t e = 1; e <= 400; ++e)
+      for (std::size_t n = 0; n <= e; ++n)
+        wrong += zenflow::detail::at_least_share(n, e, ratio) != (n * 100 >= std::size_t(k) * e);
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("uploads ahead: the same steps, bits and bytes as uploading at the boundary") {
   const std::uint64_t seeds = full_or_quick<std::uint64_t>(120, 20);
   std::uint64_t engaged = 0;

@@ -99,6 +99,16 @@ struct step_info {
   std::uint64_t t = 0;     // applied steps so far
 };
 
+namespace detail {
+// Zen-auto's "at least `share` of the eligible matrices" (DESIGN §3.9). As a quotient: both sides
+// are then the correctly rounded values of fractions, so part/whole equal to the decimal share
+// the user wrote gives equal doubles (the product share·whole was inexact: 0.55·100 >
+// 55 made 55 of 100 "not enough").
+inline bool at_least_share(std::size_t part, std::size_t whole, double share) noexcept {
+  return whole == 0 || double(part) / double(whole) >= share;
+}
+}  // namespace detail
+
 // The Transport a space uses unless told otherwise (cuda_pinned for cuda_space, <zenflow/cuda.hpp>).
 template <class Space>
 struct default_transport {
@@ -2412,7 +2422,7 @@ class optimizer {
       ++eligible;
       if (auto_b_[i] >= auto_a_[i] / double(window_steps_)) ++needing;
     }
-    return eligible == 0 || double(needing) >= cfg_.auto_ratio * double(eligible);
+    return detail::at_least_share(needing, eligible, cfg_.auto_ratio);
   }
 
   // Picks the new columns of every matrix from this step's scores and swaps their state. The

@@ -188,7 +188,7 @@ class zenflow_model {
         ++eligible;
         if (x.B >= x.A / double(window_steps_)) ++needing;
       }
-      boundary = eligible == 0 || double(needing) >= cfg.auto_ratio * double(eligible);
+      boundary = eligible == 0 || double(needing) / double(eligible) >= cfg.auto_ratio;  // the share, at least
     } else {
       boundary = (t - cfg.warm_up) % cfg.update_interval == 0;
     }
