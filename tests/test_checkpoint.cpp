@@ -312,6 +312,16 @@ TEST_CASE("checkpoint: corrupt, truncated or foreign files are refused and chang
   refused(flipped(0), "bad magic");
   refused(flipped(8), "format version");
   refused(flipped(12), "byte order");
+  // the reserved words no checksum covers (the header's, and each section's after its tag) are
+  // written 0 and read so
+  refused(flipped(20), "the header's reserved field is not 0");
+  for (std::size_t at = 24, k = 0; at < good.size(); ++k) {
+    CAPTURE(k);
+    refused(flipped(at + 4), "section " + std::to_string(k) + "'s reserved field is not 0");
+    std::uint64_t len;
+    std::memcpy(&len, good.data() + at + 8, 8);
+    at += 16 + std::size_t(len) + 4;
+  }
   zf_test::rng r(9);
   for (int i = 0; i < 40; ++i) {  // a flipped bit anywhere in the sections: a checksum (or a length) catches it
     const std::size_t at = 24 + std::size_t(r.below(good.size() - 24));
@@ -589,6 +599,21 @@ TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window 
       CHECK_THROWS_WITH_AS(b.load_image(c.data(), c.size()),
                            doctest::Contains("counters section has a Zen-auto sum that is not finite"), checkpoint_error);
     }
+  // a negative sum (norms times clip factors never are) would close the window at once or never
+  for (std::size_t offset : {99u, 107u}) {
+    CAPTURE(offset);
+    const double minus = -1.0;
+    const std::vector<unsigned char> c = crafted(img, counters, offset, &minus, 8);
+    CHECK_THROWS_WITH_AS(b.load_image(c.data(), c.size()), doctest::Contains("counters section has a negative Zen-auto sum"),
+                         checkpoint_error);
+  }
+  // the stall time (a double after the 10 counters): an infinite one is no run's
+  for (const double stall : {std::numeric_limits<double>::infinity(), -1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(stall);
+    const std::vector<unsigned char> c = crafted(img, counters, 80, &stall, 8);
+    CHECK_THROWS_WITH_AS(b.load_image(c.data(), c.size()), doctest::Contains("counters section is inconsistent"),
+                         checkpoint_error);
+  }
   CHECK(std::all_of(w2.begin(), w2.end(), [](float x) { return x == 0.0f; }));  // nothing was committed
   CHECK_NOTHROW(b.load_image(img.data(), img.size()));  // the real file loads
   CHECK(w2 == w);
@@ -888,6 +913,38 @@ TEST_CASE("checkpoint: a FIFO at the path is refused at once, not waited on") {
   std::remove(path.c_str());
 }
 
+#if defined(__unix__)
+// A save replaces the file by a rename: the new file takes the old one's permission bits (a
+// checkpoint its owner made private stays private), and a first save gets the umask's.
+TEST_CASE("checkpoint: a save keeps the permissions of the file it replaces") {
+  const std::string path = temp_path("mode.zfckpt");
+  std::remove(path.c_str());
+  std::vector<float> w(12, 0.5f), g(12, 0.01f);
+  optimizer<> opt{config{}};
+  opt.add_matrix({w.data(), g.data(), 3, 4});
+  opt.initialize();
+  opt.step();
+  auto mode = [&] {
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    return st.st_mode & 07777;
+  };
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  opt.save(path);
+  CHECK(mode() == (0666 & ~mask));
+  for (const mode_t m : {0600, 0640, 0444, 0604}) {
+    CAPTURE(m);
+    REQUIRE(::chmod(path.c_str(), m) == 0);
+    opt.step();
+    opt.save(path);
+    CHECK(mode() == m);
+    CHECK_NOTHROW(opt.load(path));
+  }
+  std::remove(path.c_str());
+}
+#endif
+
 // The temporary file is created exclusively, never through a link: a symbolic link (or a file)
 // someone left under the name the next save takes is neither written through nor truncated; the
 // save takes the next name and is whole.
@@ -1097,11 +1154,19 @@ TEST_CASE("checkpoint: counters past a run's reach or off its schedule are refus
     refused(warm, false, imgw, {{0, 4, 8}, {8, 4, 8}, {88, 1, 1}, {24, 1, 8}, {40, 4, 8}, {48, 1, 8}},
             "matrix 0 has 0 selected columns, though a selection was made");
   }
+  // off a fixed update_interval's schedule (4): 5 applied steps leave a window of 1, not 2 (nor
+  // 0); a selection is made only where a window begins (steps 1, 5, 9, ...)
+  refused(cfg, false, img, {{0, 5, 8}, {8, 5, 8}, {48, 2, 8}},
+          "has an open window of 2 steps; 5 applied steps after the warm-up with update_interval 4 leave 1");
+  refused(cfg, false, img, {{0, 4, 8}, {8, 4, 8}, {48, 1, 8}},
+          "has an open window of 1 steps; 4 applied steps after the warm-up with update_interval 4 leave 0");
+  refused(cfg, false, img, {{0, 6, 8}, {8, 6, 8}, {48, 2, 8}, {40, 3, 8}},
+          "has its last selection at applied step 3, where no window begins (update_interval 4)");
   // a vector's Adam count is the applied steps (it is updated at every one): 2 steps applied,
   // its count 1
   {
     const auto imgv = saved(cfg, true);
-    refused(cfg, true, imgv, {{0, 2, 8}, {8, 2, 8}}, "vector 0: its Adam count (1) is not the applied steps (2)");
+    refused(cfg, true, imgv, {{0, 2, 8}, {8, 2, 8}, {48, 2, 8}}, "vector 0: its Adam count (1) is not the applied steps (2)");
   }
   std::remove(path.c_str());
 }
@@ -1125,6 +1190,8 @@ TEST_CASE("checkpoint: at 2^32 - 1 applied steps step() refuses, changing nothin
   const std::uint64_t last = std::numeric_limits<std::uint32_t>::max();
   std::memcpy(img.data() + counters.payload, &last, 8);      // applied
   std::memcpy(img.data() + counters.payload + 8, &last, 8);  // steps
+  const std::uint64_t window = last % 4;                      // (2^32 - 1 steps of update_interval 4)
+  std::memcpy(img.data() + counters.payload + 48, &window, 8);
   reseal(img, counters);
   std::vector<float> w2(6 * 9), g2(6 * 9, 0.01f);
   optimizer<> b(cfg);
@@ -1205,10 +1272,16 @@ TEST_CASE("checkpoint: the gradient accumulators' rule, at its bound and off it"
                          checkpoint_error);
     CHECK_THROWS_WITH_AS(loads(crafted(img, mat, acc_at(active, sel[1], rows - 1), &one, 4)), doctest::Contains(broken),
                          checkpoint_error);
-    // no window open (the counters' window set to 0): step 1's sums in the filling one are
-    // what no run leaves there
-    const std::uint64_t no_window = 0;
-    CHECK_THROWS_WITH_AS(loads(crafted(img, counters, 48, &no_window, 8)), doctest::Contains(broken), checkpoint_error);
+    // no window open (the counters at 4 applied steps, where the window of update_interval 4
+    // closed): step 1's sums in the filling one are what no run leaves there
+    {
+      const std::uint64_t four = 4, no_window = 0;
+      std::vector<unsigned char> v = crafted(img, counters, 48, &no_window, 8);
+      std::memcpy(v.data() + counters.payload, &four, 8);      // applied
+      std::memcpy(v.data() + counters.payload + 8, &four, 8);  // steps
+      reseal(v, counters);
+      CHECK_THROWS_WITH_AS(loads(v), doctest::Contains(broken), checkpoint_error);
+    }
   }
   std::remove(path.c_str());
 }

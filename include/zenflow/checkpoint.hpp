@@ -344,6 +344,7 @@ class file_writer : public typed_writes<file_writer> {
       const int fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
       const int e = errno;
       if (fd >= 0) {
+        keep_mode_of_target(fd);
         f_ = ::fdopen(fd, "wb");
         if (f_) return;
         const int fe = errno;
@@ -363,6 +364,25 @@ class file_writer : public typed_writes<file_writer> {
 #endif
     }
   }
+
+#if defined(__unix__) || defined(__APPLE__)
+  // The file replacing a regular file at path_ gets its permission bits (a checkpoint made private
+  // stays private; the rename would otherwise give it the umask's). Where they cannot be set and
+  // the old file allowed less than the new one would, the save fails rather than widen access.
+  void keep_mode_of_target(int fd) {
+    struct stat old_st{}, new_st{};
+    if (::stat(path_.c_str(), &old_st) != 0 || !S_ISREG(old_st.st_mode) || ::fstat(fd, &new_st) != 0) return;
+    const mode_t want = old_st.st_mode & 07777, have = new_st.st_mode & 07777;
+    if (want == have || ::fchmod(fd, want) == 0) return;
+    const int e = errno;
+    if ((have & ~want) == 0) return;  // (narrower already: nothing widened)
+    ::close(fd);
+    std::remove(tmp_.c_str());
+    live_temporaries::remove(tmp_);
+    throw std::runtime_error("zenflow: cannot give " + tmp_ + " the permissions of " + path_ + " (" + std::strerror(e) +
+                             "); not saving a file others could read where only fewer could");
+  }
+#endif
 
   void begin(std::uint32_t t, std::uint64_t len) {
     const std::uint32_t tag_and_pad[2] = {t, 0};
@@ -415,8 +435,9 @@ class file_writer : public typed_writes<file_writer> {
       throw std::runtime_error("zenflow: writing " + tmp_ + " failed (disk full?)");
     }
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const int e = errno;
       std::remove(tmp_.c_str());
-      throw std::runtime_error("zenflow: cannot rename " + tmp_ + " to " + path_);
+      throw std::runtime_error("zenflow: cannot rename " + tmp_ + " to " + path_ + " (" + std::strerror(e) + ")");
     }
     bool durable = true;
 #if defined(__unix__) || defined(__APPLE__)
@@ -586,6 +607,8 @@ inline std::uint32_t read_header(input& in) {
   if (head[1] != byte_order) in.fail("written on a machine of the other byte order");
   if (head[0] != version)
     in.fail("format version " + std::to_string(head[0]) + ", this build reads version " + std::to_string(version));
+  // (no checksum covers the header: its reserved word is checked as written, 0)
+  if (head[3] != 0) in.fail("corrupt (the header's reserved field is not 0)");
   return head[2];
 }
 
@@ -600,6 +623,7 @@ inline section_header read_section_header(input& in, std::size_t index) {
   std::uint64_t len;
   in.read(th, 8);
   in.read(&len, 8);
+  if (th[1] != 0) in.fail("corrupt (section " + std::to_string(index) + "'s reserved field is not 0)");
   if (len > in.left() || in.left() - len < 4) in.fail("truncated (section " + std::to_string(index) + ")");
   return {th[0], len};
 }

@@ -470,6 +470,18 @@ struct optimizer_checkpoint {
              : (selections != 0 || last_selection != 0))
       return "has selections inconsistent with its applied steps";
     if (window > applied - W) return "has an open window longer than the steps since the warm-up";
+    if (!o.cfg_.update_interval.automatic) {
+      // a fixed update_interval U ends a window at every U-th applied step after the warm-up, and
+      // a selection is made only where a window begins
+      const std::uint64_t U = o.cfg_.update_interval.steps;
+      if (window != (applied - W) % U)
+        return "has an open window of " + std::to_string(window) + " steps; " + std::to_string(applied - W) +
+               " applied steps after the warm-up with update_interval " + std::to_string(U) + " leave " +
+               std::to_string((applied - W) % U);
+      if (once && (last_selection - W - 1) % U != 0)
+        return "has its last selection at applied step " + std::to_string(last_selection) +
+               ", where no window begins (update_interval " + std::to_string(U) + ")";
+    }
     return "";
   }
   // Save's check of the same: the counters, each matrix's selected columns, each vector's count.
@@ -785,7 +797,7 @@ struct optimizer_checkpoint {
     const auto na = rn.get<std::uint64_t>();
     // (applied + skipped == steps, written so that no sum wraps)
     if (sel_once > 1 || pend > 1 || acc > 1 || (na != 0 && na != nm) || c[2] > c[1] || c[0] != c[1] - c[2] ||
-        c[6] > c[0] || c[5] > c[0] || !(stall >= 0))
+        c[6] > c[0] || c[5] > c[0] || !(stall >= 0 && std::isfinite(stall)))
       bad("counters section is inconsistent");
     if (const std::string why = schedule_problem(o, c[0], c[1], c[3], c[5], c[6], sel_once, pend, acc); !why.empty())
       bad("counters section " + why);
@@ -795,6 +807,8 @@ struct optimizer_checkpoint {
       ab[i] = rn.get<double>();
       // (a NaN sum would never close Zen-auto's window again)
       if (!std::isfinite(aa[i]) || !std::isfinite(ab[i])) bad("counters section has a Zen-auto sum that is not finite");
+      // (sums of norms times clip factors: never negative in a run)
+      if (aa[i] < 0 || ab[i] < 0) bad("counters section has a negative Zen-auto sum");
     }
     std::uint64_t comm_counts[4];  // bytes reduced, gathered, reduction ns, bytes uploaded ahead
     for (auto& v : comm_counts) v = rn.get<std::uint64_t>();
