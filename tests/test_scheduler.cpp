@@ -342,6 +342,64 @@ TEST_CASE("bounded_async: a host job's wait for the offloads ends with those lau
   s.wait_offload();
 }
 
+TEST_CASE("bounded_async: a host update waits for the offloads launched before it was, even when its thread starts late") {
+  // The window's update is launched after the window's last offload; its thread may start only
+  // after the training thread has launched the next step's offload (a busy box). Its wait must
+  // still end with the window's offload — not wait for the next one (a stall the device sees,
+  // at the next boundary's drain) nor take that one's failure for its window's (an update
+  // skipped though its window's accumulation was whole). The update's late start is a gate at
+  // its first statement. (Both failed when the offloads to wait for were counted when the
+  // update's thread called the wait.)
+  for (const bool next_fails : {false, true}) {
+    CAPTURE(next_fails);
+    bounded_async s;
+    std::atomic<bool> start{false}, gate2{false}, job_done{false}, quiet_ok{false};
+    s.launch_offload([] {});  // the window's last offload
+    s.launch([&] {            // the window's update
+      while (!start.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      quiet_ok = s.wait_offload_quiet();
+      job_done = true;
+    });
+    s.wait_offload();  // the next step: its wait for the window's offload, then its own offload
+    if (next_fails)
+      s.launch_offload([] { throw std::runtime_error("next offload failed"); });
+    else
+      s.launch_offload([&] {
+        while (!gate2.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      });
+    if (next_fails)
+      while (s.offload_busy()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    start = true;  // the update's thread starts now
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!job_done.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(job_done.load());  // (with the next offload still held, when it is held)
+    CHECK(quiet_ok.load());  // the window's offload succeeded
+    gate2 = true;
+    s.wait();
+    if (next_fails) CHECK_THROWS_WITH(s.wait_offload(), "next offload failed");  // held for the training thread
+    else s.wait_offload();
+  }
+  // from another thread than the update's, a wait covers the offloads launched before the call
+  bounded_async s;
+  std::atomic<bool> gate{false};
+  s.launch_offload([&] {
+    while (!gate.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    throw std::runtime_error("offload failed");
+  });
+  std::atomic<bool> returned{false}, result{true};
+  std::thread other([&] {
+    result = s.wait_offload_quiet();
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(returned.load());
+  gate = true;
+  other.join();
+  CHECK_FALSE(result.load());
+  CHECK_THROWS_WITH(s.wait_offload(), "offload failed");
+}
+
 TEST_CASE("synchronous: a job that throws still counts its time as stall") {
   synchronous s;
   CHECK_THROWS_WITH(s.launch([] {

@@ -8,6 +8,7 @@
 // the offload's error from the training thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -65,16 +66,23 @@ class worker_lane {
     if (error_ && rethrow) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
-  // Blocks until the jobs launched before the call have finished — not one launched while it
-  // waits: the training thread, woken by the same job's end, may launch the next before this
-  // waiter runs again, and a wait for "no job in flight" would then wait for that one too, and
-  // so on at every step. False when a job's error is held for wait() (left there).
-  bool wait_quiet() {
-    std::unique_lock lock(mu_);
-    const std::uint64_t target = launched_;
-    done_cv_.wait(lock, [&] { return finished_ >= target; });
-    return !error_;
+  // The jobs launched so far (a ticket for wait_quiet).
+  std::uint64_t launched() const {
+    std::lock_guard lock(mu_);
+    return launched_;
   }
+  // Blocks until the first `target` jobs have finished — not one launched later: the training
+  // thread, woken by the same job's end, may launch the next before this waiter runs again, and
+  // a wait for "no job in flight" would then wait for that one too, and so on at every step.
+  // False when one of those jobs failed and its error is held for wait() (left there); a later
+  // job's error is not theirs.
+  bool wait_quiet(std::uint64_t target) {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return finished_ >= target; });
+    return !(error_ && error_job_ <= target);
+  }
+  // Whether the calling thread is this lane's.
+  bool on_this_thread() const noexcept { return std::this_thread::get_id() == worker_.get_id(); }
 
   bool busy() const {
     std::lock_guard lock(mu_);
@@ -101,6 +109,7 @@ class worker_lane {
       } catch (...) {
         lock.lock();
         error_ = std::current_exception();
+        error_job_ = finished_ + 1;  // (jobs run one at a time, in launch order)
         lock.unlock();
       }
       lock.lock();
@@ -116,6 +125,7 @@ class worker_lane {
   bool running_ = false, quit_ = false;
   std::uint64_t launched_ = 0, finished_ = 0;  // jobs, counted at their launch and at their end
   std::exception_ptr error_;
+  std::uint64_t error_job_ = 0;  // which job error_ is from (1 = the first launched)
   std::thread worker_;  // last: starts after the other members exist
 };
 
@@ -132,7 +142,12 @@ class bounded_async {
   // Starts a host update in the background. The previous one must have been waited for.
   template <class Job>
   void launch(Job&& job) {
-    update_.launch(std::function<void()>(std::forward<Job>(job)), "host update");
+    std::function<void()> f(std::forward<Job>(job));
+    // the offloads launched before this update: those its wait_offload_quiet() waits for, fixed
+    // now — its thread may start only after the training thread has launched the next step's
+    // (published to the job by the lane's mutex, which launch takes after this store)
+    update_offloads_.store(offload_.launched(), std::memory_order_relaxed);
+    update_.launch(std::move(f), "host update");
   }
   // Blocks until no host update is in flight (stall); rethrows what it threw.
   void wait() { timed_wait(update_); }
@@ -144,15 +159,21 @@ class bounded_async {
   }
   // Blocks until no offload is in flight (stall); rethrows what it threw.
   void wait_offload() { timed_wait(offload_); }
-  // The wait from a host job, for the offloads launched before the call (the window's, for the
-  // window's host update; not the next step's, which the training thread may launch meanwhile):
-  // not device idle time, not counted. It leaves an error an offload threw for the training
-  // thread's next wait_offload (which then fails the step and marks the optimizer unusable),
-  // returning false: the job must not go on with what the failed offload left (a window's
-  // accumulation short of its last step). (The training thread may have taken that error
-  // already; the job then goes on, on an optimizer marked unusable, whose state a load
-  // replaces once the job is done.)
-  bool wait_offload_quiet() { return offload_.wait_quiet(); }
+  // The wait from a host job, for the offloads launched before it: from the host update's own
+  // thread, those launched before the update was (the window's; not the next step's, which the
+  // training thread may launch before the update's thread even starts), from any other thread
+  // those launched before the call. Not device idle time, not counted. It leaves an error one of
+  // those offloads threw for the training thread's next wait_offload (which then fails the step
+  // and marks the optimizer unusable), returning false: the job must not go on with what the
+  // failed offload left (a window's accumulation short of its last step); a later offload's
+  // error is not the window's (true). (The training thread may have taken that error already;
+  // the job then goes on, on an optimizer marked unusable, whose state a load replaces once the
+  // job is done.)
+  bool wait_offload_quiet() {
+    const std::uint64_t target =
+        update_.on_this_thread() ? update_offloads_.load(std::memory_order_relaxed) : offload_.launched();
+    return offload_.wait_quiet(target);
+  }
   // Whether an offload is in flight (a job that has finished, even with an error, is not).
   bool offload_busy() const { return offload_.busy(); }
   // Blocks until no offload is in flight (stall, as wait_offload), leaving an error it threw held
@@ -193,6 +214,7 @@ class bounded_async {
 
   mutable std::mutex mu_;
   double stall_ = 0;
+  std::atomic<std::uint64_t> update_offloads_{0};  // offloads launched before the host update in flight
   // Declared last: destroyed first, so their threads are joined while the rest still exists.
   detail::worker_lane offload_, update_;
 };
