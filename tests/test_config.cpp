@@ -165,6 +165,11 @@ TEST_CASE("named registration fills the same fields and returns typed ids") {
   const vector_id c = opt.add_vector(zenflow::vector(b.data(), db.data(), 6));
   CHECK(a.index() == 0);
   CHECK(c.index() == 0);  // numbered separately
+  std::vector<float> early(60);  // registered but not initialised: said so, not "no matrix"
+  CHECK_THROWS_WITH_AS(opt.copy_master(a, early.data()), "zenflow: matrix 0: not before initialize()", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.copy_vector_master(c, early.data()), "zenflow: vector 0: not before initialize()",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.copy_master(matrix_id{1}, early.data()), "zenflow: no matrix 1", std::invalid_argument);
   opt.initialize();
   std::vector<float> out(60);
   opt.copy_master(a, out.data());

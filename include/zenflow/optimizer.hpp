@@ -532,7 +532,8 @@ class optimizer {
   }
   void copy_vector_master(vector_id id, float* out) {
     const std::size_t vec = id.index();
-    if (!initialized_ || vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
+    if (vec >= vectors_.size()) fail("no vector " + std::to_string(vec));
+    if (!initialized_) fail("vector " + std::to_string(vec) + ": not before initialize()");
     enter();
     check_out("copy_vector_master()", out, 4 * vectors_[vec].n, 4);
     const auto& v = updater_.vector(vec);
@@ -1453,7 +1454,8 @@ class optimizer {
     return group_hyper(h, matrices_[i].lr_scale, matrices_[i].weight_decay_scale);
   }
   void check_matrix(std::size_t m) const {
-    if (!initialized_ || m >= matrices_.size()) fail("no matrix " + std::to_string(m));
+    if (m >= matrices_.size()) fail("no matrix " + std::to_string(m));
+    if (!initialized_) fail("matrix " + std::to_string(m) + ": not before initialize()");
   }
 
   void build() {
