@@ -42,8 +42,9 @@ struct interval {
 };
 
 // What a column joining the selection brings to the device: its fp32 master always; its Adam
-// moments and count kept (lossless, zenflow's default) or reset to zero (as the original
-// implementation does at every reselection: an ablation knob).
+// moments and count kept (lossless, zenflow's default) or reset to zero (an ablation knob; the
+// original implementation instead zeroes every selected column's moments at a reselection and
+// keeps its step count — README, "Semantics").
 enum class reselect_policy : std::uint8_t {
   keep = 0,
   reset = 1,
@@ -231,7 +232,7 @@ struct config {
 //   score                 "l1" | "l2sq"        (zenflow's own key)
 //   host_threads          integer >= 0         (zenflow's own key; not with pt_reserved_cores_perc)
 //   reselect_moments      "keep" | "reset"     (zenflow's own key: what a joining column's Adam
-//                         moments and count become; "reset" is the original implementation's)
+//                         moments and count become; neither is the original implementation's)
 //   host_gradient         "mean" | "sum"       (zenflow's own key: the window's gradients a host
 //                         update applies, averaged or summed)
 //   gradient_reduction    "mean" | "sum"       (zenflow's own key: data parallel, what step() makes
