@@ -10,7 +10,8 @@
 // all-reduced (mpi_allreduce_communicator), one JSON line each; and the reduce-scatter once more
 // with the gradients widened to fp32 for the reduction (reduction "reduce_scatter_fp32":
 // fp32_wire_mpi) before the bf16 gradients travel in their own dtype ("reduce_scatter"): the same
-// bits, twice the bytes.
+// bits, twice the bytes. --rounds times (default 3), in an order rotated each round; the median
+// step leaves out the first step.
 #include <mpi.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <zenflow/mpi.hpp>
@@ -34,7 +36,7 @@
 using namespace zenflow;
 
 template <class Comm>
-void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, unsigned threads) {
+void run(const char* reduction, int round, std::size_t dim, std::size_t nmat, int steps, unsigned threads) {
   int rank = 0, R = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &R);
@@ -67,7 +69,8 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
       MPI_Barrier(MPI_COMM_WORLD);
       const auto t0 = std::chrono::steady_clock::now();
       opt.step();
-      step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      // (the first step, which selects and touches every buffer first, is not in the median)
+      if (s > 0 || steps == 1) step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     opt.synchronize();
     std::sort(step_s.begin(), step_s.end());
@@ -89,11 +92,11 @@ void run(const char* reduction, std::size_t dim, std::size_t nmat, int steps, un
       const char* names[nf] = {"host_update_s",         "bytes_to_host_per_step", "bytes_to_device_per_step",
                                "bytes_reduced_per_step", "bytes_gathered_per_step", "host_pageable_bytes",
                                "median_step_s",          "reduce_s_per_step",     "communicator_bytes"};
-      std::printf("{%s\"bench\":\"data_parallel\",\"cpu\":\"%s\",\"host_cores\":%u,\"reduction\":\"%s\",\"ranks\":%d,"
-                  "\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u",
+      std::printf("{%s\"bench\":\"data_parallel\",\"cpu\":\"%s\",\"host_cores\":%u,\"reduction\":\"%s\",\"round\":%d,"
+                  "\"ranks\":%d,\"params\":%zu,\"steps\":%d,\"threads_per_rank\":%u",
                   zf_bench::run_fields(),
-                  zf_bench::cpu_model().c_str(), std::max(1u, std::thread::hardware_concurrency()), reduction, R,
-                  nmat * dim * dim + dim, steps, threads);
+                  zf_bench::cpu_model().c_str(), std::max(1u, std::thread::hardware_concurrency()), reduction, round,
+                  R, nmat * dim * dim + dim, steps, threads);
       for (int f = 0; f < nf; ++f) {
         std::printf(",\"%s\":[", names[f]);
         for (int r = 0; r < R; ++r) std::printf("%s%.6g", r ? "," : "", all[std::size_t(r) * nf + std::size_t(f)]);
@@ -108,13 +111,25 @@ int main(int argc, char** argv) {
   zf_bench::record_run(argc, argv);
   int provided = 0;  // zenflow runs threads of its own; only this one calls MPI
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  const zf_bench::args a("data_parallel", argc, argv, {"--dim", "--matrices", "--steps", "--threads"});
+  const zf_bench::args a("data_parallel", argc, argv, {"--dim", "--matrices", "--steps", "--threads", "--rounds"});
   const std::size_t dim = a.count("--dim", 1024, 1, 1 << 16), nmat = a.count("--matrices", 8, 1, 4096);
   const int steps = int(a.count("--steps", 32, 1, 1 << 20));
   const unsigned threads = unsigned(a.count("--threads", 1, 1, 1024));
-  run<mpi_allreduce_communicator>("all_reduce", dim, nmat, steps, threads);
-  run<zf_bench::fp32_wire_mpi>("reduce_scatter_fp32", dim, nmat, steps, threads);
-  run<mpi_communicator>("reduce_scatter", dim, nmat, steps, threads);
+  const int rounds = int(a.count("--rounds", 3, 1, 1000));
+  // Each round trains every variant once, in an order rotated round by round, so that the
+  // machine's drift and a variant's place in the job (first, after another's memory) hit all
+  // alike; the lines carry their round, and ratios are to be taken within one.
+  using variant = void (*)(const char*, int, std::size_t, std::size_t, int, unsigned);
+  const std::pair<const char*, variant> variants[] = {
+      {"all_reduce", &run<mpi_allreduce_communicator>},
+      {"reduce_scatter_fp32", &run<zf_bench::fp32_wire_mpi>},
+      {"reduce_scatter", &run<mpi_communicator>}};
+  constexpr int nv = int(sizeof variants / sizeof variants[0]);
+  for (int r = 0; r < rounds; ++r)
+    for (int i = 0; i < nv; ++i) {
+      const auto& v = variants[(i + r) % nv];
+      v.second(v.first, r, dim, nmat, steps, threads);
+    }
   MPI_Finalize();
   return 0;
 }
