@@ -181,6 +181,7 @@ int main(int argc, char** argv) try {
   cfg.select_interval = interval::every(16 * o.update_interval);
   cfg.host_threads = unsigned(o.threads);
 
+  cfg.validate();  // (a bad --topk is refused before anything is printed or trained)
   std::printf("zenflow: topk_ratio %.2f, update_interval %u, overlap on\n", o.topk, o.update_interval);
   optimizer<> zf(cfg);
   const double zf_loss = train("zenflow", zf, init, batches, held_out, o, arena);

@@ -59,10 +59,20 @@ ZeRO-Offload each fine-tune it on another, from the same weights on the same bat
 Every optimizer trains the same model from the same weights on the same batches. One
 512-character block in ten of each text is held out for validation; the final validation loss
 is measured on every held-out position with a full context but the last, the curves on 1024 of
-them (from scratch: the last 10%
-is held out, and the final loss measured on 2048 positions of it, as first published).
+them (from scratch: the last 10% is held out, and the final loss measured on 2048 positions of
+it, as first published).
 Progress goes to stderr: one line updated in place on a terminal, a line every tenth of a run
 otherwise.)";
+
+// A bound as a reader writes it (1, 0.5; not std::to_string's 1.000000).
+std::string shortest(double x) {
+  char buf[32];
+  for (int digits = 1; digits <= 17; ++digits) {  // the fewest digits that read back the same
+    std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
+}
 
 // An integer in [lo, hi] (by default what an int holds: the counts are ints), else a clear error.
 long parse_int(const std::string& flag, const std::string& v, long lo, long hi = std::numeric_limits<int>::max()) {
@@ -81,7 +91,7 @@ long parse_int(const std::string& flag, const std::string& v, long lo, long hi =
 double parse_real(const std::string& flag, const std::string& v, double lo, double hi) {
   double x = 0;
   if (!char_lm::parse_number(v, x) || !(x >= lo && x <= hi))
-    throw std::invalid_argument(flag + " expects a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+    throw std::invalid_argument(flag + " expects a number in [" + shortest(lo) + ", " + shortest(hi) + "], got '" + v + "'");
   return x;
 }
 
