@@ -11,6 +11,10 @@
 //
 //   mpirun -np R data_parallel_pipeline [--layers N] [--hidden D] [--ffn F] [--steps M]
 //                                       [--threads T] [--compute-frac X] [--calib-s S] [--upload-ahead]
+//                                       [--rounds K]
+//
+// The four trainings run K times (default 3) in an order rotated each round; a JSON line per
+// round (its "round"), whose ratios are within that round.
 //
 // Compute time: X (default 0.5) times ZeRO-Offload's host update of the whole model in ONE
 // process with T threads — measured first by rank 0 alone (or given as --calib-s, so that runs
@@ -78,7 +82,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &R);
   const args a("data_parallel_pipeline", argc, argv,
-               {"--layers", "--hidden", "--ffn", "--steps", "--threads", "--compute-frac", "--calib-s"}, {"--upload-ahead"});
+               {"--layers", "--hidden", "--ffn", "--steps", "--threads", "--compute-frac", "--calib-s", "--rounds"},
+               {"--upload-ahead"});
   const std::size_t layers = a.count("--layers", 2, 1, 1024);
   const std::size_t hidden = a.count("--hidden", 1024, 1, 1 << 20);
   const std::size_t ffn = a.count("--ffn", 2752, 1, 1 << 20);
@@ -87,6 +92,7 @@ int main(int argc, char** argv) {
   const double frac = a.real("--compute-frac", 0.5, 0, 1e6);
   double t_host = a.real("--calib-s", 0, 0, 1e6);  // (0: measured here)
   const bool ahead = a.has("--upload-ahead");  // ZenFlow uploads a host update's params ahead
+  const int rounds = int(a.count("--rounds", 3, 1, 1000));
   const model shape(layers, hidden, ffn);
   device_model::link_gbps = 25.0;
 
@@ -98,56 +104,68 @@ int main(int argc, char** argv) {
   const double compute = frac * t_host;
   const point p{0.1, 4, frac, 25.0, threads, "ranks"};
 
-  MPI_Barrier(MPI_COMM_WORLD);
-  const result zo = run<zero_offload_dp>(shape, zero_offload_config(threads), compute, 2, std::max(4, steps / 4), false,
-                                         zenflow::mpi_communicator(MPI_COMM_WORLD));
-  MPI_Barrier(MPI_COMM_WORLD);
-  const result zf = run<zenflow_dp>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
+  // Each round trains the four once, in an order rotated round by round (the machine's drift and
+  // a training's place in the job hit all alike); a line per round, ratios within it.
+  for (int round = 0; round < rounds; ++round) {
+    result zo, zf, za, zw;
+    for (int i = 0; i < 4; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      switch ((i + round) % 4) {
+        case 0:
+          zo = run<zero_offload_dp>(shape, zero_offload_config(threads), compute, 2, std::max(4, steps / 4), false,
                                     zenflow::mpi_communicator(MPI_COMM_WORLD));
+          break;
+        case 1:
+          zf = run<zenflow_dp>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
+                               zenflow::mpi_communicator(MPI_COMM_WORLD));
+          break;
+        case 2:
+          za = run<zenflow_dp_all_reduce>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
+                                          zenflow::mpi_allreduce_communicator(MPI_COMM_WORLD));
+          break;
+        default:
+          zw = run<zenflow_dp_fp32_wire>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
+                                         fp32_wire_mpi(MPI_COMM_WORLD));
+      }
+    }
 
-  MPI_Barrier(MPI_COMM_WORLD);
-  const result za = run<zenflow_dp_all_reduce>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
-                                               zenflow::mpi_allreduce_communicator(MPI_COMM_WORLD));
-
-  MPI_Barrier(MPI_COMM_WORLD);
-  const result zw = run<zenflow_dp_fp32_wire>(shape, zenflow_config(p, steps), compute, 16, steps, ahead,
-                                              fp32_wire_mpi(MPI_COMM_WORLD));
-
-  const auto za_step = gather(za.step_s, R), za_stall = gather(za.stall_s, R), za_reduce = gather(za.reduce_s, R);
-  const auto zw_step = gather(zw.step_s, R), zw_reduce = gather(zw.reduce_s, R);
-  const auto zf_step = gather(zf.step_s, R), zf_stall = gather(zf.stall_s, R), zf_host = gather(zf.host_update_s, R);
-  const auto zf_bytes = gather(zf.d2h_bytes + zf.h2d_bytes, R), zf_reduce = gather(zf.reduce_s, R);
-  const auto zo_step = gather(zo.step_s, R), zo_stall = gather(zo.stall_s, R), zo_host = gather(zo.host_update_s, R);
-  const auto zo_bytes = gather(zo.d2h_bytes + zo.h2d_bytes, R), zo_reduce = gather(zo.reduce_s, R);
-  if (rank == 0) {
-    const double model_bytes = double(shape.params) * 2;
-    auto slowest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-    std::printf("{%s\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
-                "model), a device per rank\",\"cpu\":\"%s\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
-                "\"model_bytes\":%.0f,\"topk_ratio\":0.1,\"update_interval\":4,\"link_gbps\":25,"
-                "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g,"
-                "\"upload_ahead\":%s",
-                zf_bench::run_fields(),
-                zf_bench::cpu_model().c_str(), R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
-                compute, frac, ahead ? "true" : "false");
-    print_array("zenflow_step_s", zf_step);
-    print_array("zenflow_stall_s", zf_stall);
-    print_array("zenflow_host_update_s", zf_host);
-    print_array("zenflow_link_bytes", zf_bytes);
-    print_array("zenflow_reduce_s", zf_reduce);
-    print_array("zenflow_all_reduce_step_s", za_step);
-    print_array("zenflow_all_reduce_stall_s", za_stall);
-    print_array("zenflow_all_reduce_reduce_s", za_reduce);
-    print_array("zenflow_fp32_wire_step_s", zw_step);
-    print_array("zenflow_fp32_wire_reduce_s", zw_reduce);
-    print_array("zero_offload_step_s", zo_step);
-    print_array("zero_offload_stall_s", zo_stall);
-    print_array("zero_offload_host_update_s", zo_host);
-    print_array("zero_offload_link_bytes", zo_bytes);
-    print_array("zero_offload_reduce_s", zo_reduce);
-    // a data-parallel step ends when its slowest rank's does
-    std::printf(",\"speedup\":%.3f,\"stall_reduction\":%s}\n", slowest(zo_step) / slowest(zf_step),
-                json_number(1.0 - slowest(zf_stall) / slowest(zo_stall)).c_str());
+    const auto za_step = gather(za.step_s, R), za_stall = gather(za.stall_s, R), za_reduce = gather(za.reduce_s, R);
+    const auto zw_step = gather(zw.step_s, R), zw_reduce = gather(zw.reduce_s, R);
+    const auto zf_step = gather(zf.step_s, R), zf_stall = gather(zf.stall_s, R), zf_host = gather(zf.host_update_s, R);
+    const auto zf_bytes = gather(zf.d2h_bytes + zf.h2d_bytes, R), zf_reduce = gather(zf.reduce_s, R);
+    const auto zo_step = gather(zo.step_s, R), zo_stall = gather(zo.stall_s, R), zo_host = gather(zo.host_update_s, R);
+    const auto zo_bytes = gather(zo.d2h_bytes + zo.h2d_bytes, R), zo_reduce = gather(zo.reduce_s, R);
+    if (rank == 0) {
+      const double model_bytes = double(shape.params) * 2;
+      auto slowest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+      std::printf("{%s\"bench\":\"data_parallel_pipeline\",\"device\":\"emulated (host space; sleep for compute, link "
+                  "model), a device per rank\",\"cpu\":\"%s\",\"ranks\":%d,\"cores\":%u,\"threads_per_rank\":%u,\"params\":%zu,"
+                  "\"model_bytes\":%.0f,\"topk_ratio\":0.1,\"update_interval\":4,\"link_gbps\":25,"
+                  "\"one_process_zero_offload_host_update_s\":%.5f,\"compute_s\":%.5f,\"compute_frac\":%g,"
+                  "\"upload_ahead\":%s,\"round\":%d",
+                  zf_bench::run_fields(),
+                  zf_bench::cpu_model().c_str(), R, std::max(1u, std::thread::hardware_concurrency()), threads, shape.params, model_bytes, t_host,
+                  compute, frac, ahead ? "true" : "false", round);
+      print_array("zenflow_step_s", zf_step);
+      print_array("zenflow_stall_s", zf_stall);
+      print_array("zenflow_host_update_s", zf_host);
+      print_array("zenflow_link_bytes", zf_bytes);
+      print_array("zenflow_reduce_s", zf_reduce);
+      print_array("zenflow_all_reduce_step_s", za_step);
+      print_array("zenflow_all_reduce_stall_s", za_stall);
+      print_array("zenflow_all_reduce_reduce_s", za_reduce);
+      print_array("zenflow_fp32_wire_step_s", zw_step);
+      print_array("zenflow_fp32_wire_reduce_s", zw_reduce);
+      print_array("zero_offload_step_s", zo_step);
+      print_array("zero_offload_stall_s", zo_stall);
+      print_array("zero_offload_host_update_s", zo_host);
+      print_array("zero_offload_link_bytes", zo_bytes);
+      print_array("zero_offload_reduce_s", zo_reduce);
+      // a data-parallel step ends when its slowest rank's does
+      std::printf(",\"speedup\":%.3f,\"stall_reduction\":%s}\n", slowest(zo_step) / slowest(zf_step),
+                  json_number(1.0 - slowest(zf_stall) / slowest(zo_stall)).c_str());
+      std::fflush(stdout);
+    }
   }
   MPI_Finalize();
   return 0;
