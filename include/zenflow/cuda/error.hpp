@@ -34,7 +34,7 @@ inline const std::error_category& cuda_category() noexcept {
 }
 
 // what() is the message given, whole (it names the call and CUDA's error already); code() is the
-// CUDA error in cuda_category().
+// cudaError_t, error_code() the same as a std::error_code of cuda_category().
 class cuda_error : public std::system_error {
  public:
   cuda_error(cudaError_t code, const std::string& what)
