@@ -8,7 +8,6 @@
 // the offload's error from the training thread.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -142,12 +141,17 @@ class bounded_async {
   // Starts a host update in the background. The previous one must have been waited for.
   template <class Job>
   void launch(Job&& job) {
-    std::function<void()> f(std::forward<Job>(job));
-    // the offloads launched before this update: those its wait_offload_quiet() waits for, fixed
-    // now — its thread may start only after the training thread has launched the next step's
-    // (published to the job by the lane's mutex, which launch takes after this store)
-    update_offloads_.store(offload_.launched(), std::memory_order_relaxed);
-    update_.launch(std::move(f), "host update");
+    // the offloads launched before this update: those its wait_offload_quiet() waits for, counted
+    // now — its thread may start only after the training thread has launched the next step's.
+    // (Set by the update's own thread as the job starts, so that a refused launch changes
+    // nothing a job in flight reads.)
+    const std::uint64_t before = offload_.launched();
+    update_.launch(
+        [this, before, f = std::function<void()>(std::forward<Job>(job))] {
+          update_offloads_ = before;
+          f();
+        },
+        "host update");
   }
   // Blocks until no host update is in flight (stall); rethrows what it threw.
   void wait() { timed_wait(update_); }
@@ -170,8 +174,7 @@ class bounded_async {
   // the job then goes on, on an optimizer marked unusable, whose state a load replaces once the
   // job is done.)
   bool wait_offload_quiet() {
-    const std::uint64_t target =
-        update_.on_this_thread() ? update_offloads_.load(std::memory_order_relaxed) : offload_.launched();
+    const std::uint64_t target = update_.on_this_thread() ? update_offloads_ : offload_.launched();
     return offload_.wait_quiet(target);
   }
   // Whether an offload is in flight (a job that has finished, even with an error, is not).
@@ -214,7 +217,7 @@ class bounded_async {
 
   mutable std::mutex mu_;
   double stall_ = 0;
-  std::atomic<std::uint64_t> update_offloads_{0};  // offloads launched before the host update in flight
+  std::uint64_t update_offloads_ = 0;  // offloads launched before the running host update (its thread's only)
   // Declared last: destroyed first, so their threads are joined while the rest still exists.
   detail::worker_lane offload_, update_;
 };
