@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <zenflow/detail/format.hpp>  // exact: a number as its shortest round-trip text
+
 namespace zf_bench {
 
 class args {
@@ -66,17 +68,8 @@ class args {
     errno = 0;
     const double x = std::strtod(v->c_str(), &end);
     if (v->empty() || end != v->c_str() + v->size() || errno == ERANGE || !std::isfinite(x) || x < lo || x > hi)
-      fail(name + " expects a number in [" + shortest(lo) + ", " + shortest(hi) + "], got '" + *v + "'");
+      fail(name + " expects a number in [" + zenflow::detail::exact(lo) + ", " + zenflow::detail::exact(hi) + "], got '" + *v + "'");
     return x;
-  }
-  // A bound as a reader writes it (1, 0.5; not std::to_string's 1.000000).
-  static std::string shortest(double x) {
-    char buf[32];
-    for (int digits = 1; digits <= 17; ++digits) {  // the fewest digits that read back the same
-      std::snprintf(buf, sizeof buf, "%.*g", digits, x);
-      if (std::strtod(buf, nullptr) == x) break;
-    }
-    return buf;
   }
   [[noreturn]] void fail(const std::string& why) const {
     std::fprintf(stderr, "%s: %s\n", program_, why.c_str());

@@ -2,6 +2,7 @@
 // ZeRO-Offload from the same initialisation and batches; print a table, write the loss curves
 // as CSV and SVG. `char_lm --help` lists the flags.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -64,14 +65,11 @@ it, as first published).
 Progress goes to stderr: one line updated in place on a terminal, a line every tenth of a run
 otherwise.)";
 
-// A bound as a reader writes it (1, 0.5; not std::to_string's 1.000000).
+// A bound as a reader writes it (1, 0.5; not std::to_string's 1.000000): the shortest text that
+// reads back as the same value.
 std::string shortest(double x) {
   char buf[32];
-  for (int digits = 1; digits <= 17; ++digits) {  // the fewest digits that read back the same
-    std::snprintf(buf, sizeof buf, "%.*g", digits, x);
-    if (std::strtod(buf, nullptr) == x) break;
-  }
-  return buf;
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
 }
 
 // An integer in [lo, hi] (by default what an int holds: the counts are ints), else a clear error.
