@@ -342,6 +342,62 @@ TEST_CASE("C API: a save whose allocation fails leaves the previous file, and on
   std::remove(path.c_str());
 }
 
+TEST_CASE("C API: a load whose allocation fails leaves the optimizer as it was, usable; never unusable") {
+  // Each allocation of zf_load failing in turn. The file holds a state with a selection made
+  // (selected columns on the device side, a host update's accumulator); the optimizer loading it
+  // holds another (fresh from initialize: no selection, so nothing of the file's size is
+  // allocated yet). A failure must come before the load changes anything (ZF_OUT_OF_MEMORY,
+  // params and masters as they were, the optimizer usable), or the load succeeds with the file's
+  // state: an allocation failure never leaves it half loaded (ZF_UNUSABLE).
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/c_api_load_oom.zfckpt";
+  const char* conf = "{\"topk_ratio\": 0.25, \"update_interval\": 2, \"select_interval\": 2}";
+  std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f), w2(w.size(), 0.25f), g2(g.size(), 0.0f);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.001f * float(i % 13) - 0.005f;
+  zf_optimizer *opt = nullptr, *other = nullptr;
+  REQUIRE(zf_create("zenflow", conf, &opt) == ZF_OK);
+  REQUIRE(zf_add_matrix(opt, w.data(), g.data(), 8, 16, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+  REQUIRE(zf_initialize(opt) == ZF_OK);
+  for (int s = 0; s < 3; ++s) REQUIRE(zf_step(opt, 1.0f, nullptr) == ZF_OK);  // a selection, a window open
+  REQUIRE(zf_save(opt, path.c_str()) == ZF_OK);
+  std::vector<float> saved_master(w.size());
+  REQUIRE(zf_copy_master(opt, 0, saved_master.data(), saved_master.size()) == ZF_OK);
+  const std::vector<float> saved = w;
+  int failures = 0;
+  for (int n = 1;; ++n) {
+    CAPTURE(n);
+    REQUIRE(zf_create("zenflow", conf, &other) == ZF_OK);
+    REQUIRE(zf_add_matrix(other, w2.data(), g2.data(), 8, 16, ZF_F32, ZF_F32, ZF_ROW_MAJOR, nullptr) == ZF_OK);
+    REQUIRE(zf_initialize(other) == ZF_OK);
+    std::vector<float> before(w.size()), after(w.size());
+    REQUIRE(zf_copy_master(other, 0, before.data(), before.size()) == ZF_OK);
+    const std::vector<float> w2_before = w2;
+    fail_nth = n;
+    const zf_status st = zf_load(other, path.c_str());
+    const bool met = fail_nth == 0;
+    fail_nth = 0;
+    const std::string msg = zf_last_error();
+    CHECK_MESSAGE((st == ZF_OK || st == ZF_OUT_OF_MEMORY), "status ", int(st), ": ", msg);
+    const zf_status copied = zf_copy_master(other, 0, after.data(), after.size());
+    if (st == ZF_OK || st == ZF_OUT_OF_MEMORY) REQUIRE(copied == ZF_OK);
+    if (st == ZF_OK) {
+      CHECK(w2 == saved);
+      CHECK(after == saved_master);
+    } else if (st == ZF_OUT_OF_MEMORY) {
+      CHECK(w2 == w2_before);
+      CHECK(after == before);
+      CHECK(zf_step(other, 1.0f, nullptr) == ZF_OK);  // usable
+      ++failures;
+    }
+    zf_destroy(other);
+    w2.assign(w.size(), 0.25f);
+    if (!met) break;  // (the load needed fewer than n allocations: every one has failed once)
+  }
+  CHECK(failures >= 3);
+  MESSAGE(failures, " allocations of a load failed it");
+  zf_destroy(opt);
+  std::remove(path.c_str());
+}
+
 namespace {
 // A Scheduler whose host-update launch fails with a message longer than any string holds inline
 // (the optimizer must copy it to keep it), and with no memory left from then on.

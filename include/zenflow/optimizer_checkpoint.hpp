@@ -933,6 +933,10 @@ struct optimizer_checkpoint {
     std::vector<shard_in> shards;
     if (sharded) shards = open_shards(o, in, set, c[0], rule, selected, buf);
 
+    // Room for each selection now, so that the commit allocates nothing (an allocation that
+    // failed there would leave the state half loaded; here it leaves the optimizer as it was).
+    for (std::size_t i = 0; i < nm; ++i) o.selected_[i].reserve(where[i].active);
+
     // ---- Pass 2, everything checked (data parallel: on every rank): commit ----
     o.agree_to_commit(in);
     try {
