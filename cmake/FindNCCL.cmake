@@ -1,7 +1,7 @@
 # FindNCCL: NVIDIA's collective communication library, for zenflow::nccl.
 #
 # Looks, in order, in NCCL_ROOT (a CMake or environment variable), the CUDA toolkit's directories,
-# the system's, and the `nvidia-nccl-cu13` Python wheel (which ships nccl.h and libnccl.so.2): in
+# the system's, and the `nvidia-nccl-cu13` (or -cu12) Python wheel (which ships nccl.h and libnccl.so.2): in
 # the virtual environment cmake/install_dependencies.sh makes (under ZENFLOW_TOOLS_DIR, by
 # default ~/.cache/zenflow-tools), then wherever the `python3` on PATH imports it from (a
 # PyTorch environment usually has it). Requires NCCL 2.13 or newer (ncclGetLastError).

@@ -2,7 +2,7 @@
 # Installs what building and testing zenflow needs on Debian/Ubuntu, skipping what is there:
 # a C++20 compiler, CMake, Ninja, make and pkg-config (the package test), oneTBB, xsimd and
 # doctest, Open MPI (the data-parallel tests), NCCL where the CUDA toolkit lacks it (the
-# nvidia-nccl-cu13 wheel), and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
+# nvidia-nccl-cu12 or -cu13 wheel, as the toolkit), and Conan 2 (the Conan package test: from PyPI, into its own virtual environment under
 # ${ZENFLOW_TOOLS_DIR:-~/.cache/zenflow-tools}, not the system's Python); with --fuzz also clang
 # and its libFuzzer runtime. The CUDA toolkit is optional and not installed here (the host library
 # builds and tests without it).
@@ -35,8 +35,8 @@ else
 fi
 
 # NCCL for zenflow::nccl (data parallel on the CUDA space): only where the CUDA toolkit is present
-# and has no NCCL of its own; then NVIDIA's nvidia-nccl-cu13 wheel (nccl.h and libnccl.so.2) goes
-# into the same virtual environment, where cmake/FindNCCL.cmake looks.
+# and has no NCCL of its own; then NVIDIA's nvidia-nccl-cu<CUDA major> wheel (nccl.h and
+# libnccl.so.2) goes into the same virtual environment, where cmake/FindNCCL.cmake looks.
 nvcc_bin="$(command -v nvcc || true)"
 [ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
 if [ -n "$nvcc_bin" ]; then
@@ -44,9 +44,20 @@ if [ -n "$nvcc_bin" ]; then
   if [ -f "$cuda_root/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
     echo "zenflow dependencies: NCCL present (with the CUDA toolkit or the system)"
   elif compgen -G "$tools/venv/lib/python3*/site-packages/nvidia/nccl/include/nccl.h" > /dev/null; then
-    echo "zenflow dependencies: NCCL present (nvidia-nccl-cu13 in $tools/venv)"
+    echo "zenflow dependencies: NCCL present (an nvidia-nccl wheel in $tools/venv)"
   else
-    echo "zenflow dependencies: installing nvidia-nccl-cu13 into $tools/venv"
-    "$tools/venv/bin/pip" install -q --disable-pip-version-check "nvidia-nccl-cu13>=2.27"
+    # the wheel built for this toolkit's CUDA major version (a library built for another one may
+    # not load with this toolkit's runtime)
+    cuda_major="$("$nvcc_bin" --version | sed -n 's/.*release \([0-9][0-9]*\)\..*/\1/p' | head -n 1)"
+    case "$cuda_major" in
+      12 | 13)
+        echo "zenflow dependencies: installing nvidia-nccl-cu$cuda_major into $tools/venv (CUDA $cuda_major)"
+        "$tools/venv/bin/pip" install -q --disable-pip-version-check "nvidia-nccl-cu$cuda_major>=2.27"
+        ;;
+      *)
+        echo "zenflow dependencies: no NCCL wheel for CUDA '${cuda_major:-unknown}' (12 and 13 have one);" \
+          "zenflow::nccl is built only where NCCL is found (install it, or set NCCL_ROOT)"
+        ;;
+    esac
   fi
 fi
