@@ -8,6 +8,7 @@
  * every rank (none left waiting), nothing changed. Exit status 0 when every check holds on every
  * rank; each failure is printed with its rank. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,6 +261,36 @@ static void one_rank_wrong(const char* path) {
   }
 }
 
+/* MPI runs at MPI_THREAD_FUNNELED here (main): zf_create_mpi called from another thread is
+ * refused before it calls MPI, on every rank alike, with nothing made. */
+struct create_call {
+  zf_status status;
+  zf_optimizer* opt;
+  int named_level; /* the message names the level and the one to ask for */
+};
+static void* create_on_thread(void* arg) {
+  struct create_call* c = (struct create_call*)arg;
+  c->opt = (zf_optimizer*)&c->opt; /* (not NULL: the call must set it) */
+  c->status = zf_create_mpi("zenflow", config_json, MPI_COMM_WORLD, &c->opt);
+  c->named_level = strstr(zf_last_error(), "MPI_THREAD_FUNNELED") != NULL &&
+                   strstr(zf_last_error(), "MPI_THREAD_SERIALIZED") != NULL;
+  return NULL;
+}
+static void another_thread_refused(void) {
+  struct create_call c = {ZF_OK, NULL, 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, create_on_thread, &c) == 0);
+  CHECK(pthread_join(t, NULL) == 0);
+  CHECK(c.status == ZF_INVALID_ARGUMENT);
+  CHECK(c.opt == NULL);
+  CHECK(c.named_level);
+  /* and from this thread it works */
+  zf_optimizer* opt = NULL;
+  OK(zf_create_mpi("zenflow", config_json, MPI_COMM_WORLD, &opt));
+  CHECK(opt != NULL);
+  zf_destroy(opt);
+}
+
 int main(int argc, char** argv) {
   int provided = 0; /* zenflow runs threads of its own; only this one calls MPI */
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
@@ -270,6 +301,7 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof path, "%s/c_api_mpi_%d.zfckpt", dir, ranks);
   trains_as_one_process_fed_the_mean(path);
   one_rank_wrong(path);
+  another_thread_refused();
   int all = 0;
   MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (me == 0) {

@@ -668,6 +668,76 @@ std::vector<unsigned char> reference_state(const gradient_source& src, const con
   return state_of(ref, r);
 }
 
+TEST_CASE("data parallel: at MPI_THREAD_FUNNELED, a call from another thread is refused before it calls MPI") {
+  // main() below initialises MPI at MPI_THREAD_FUNNELED: only its thread may call MPI. zenflow
+  // calls MPI from the thread that calls it, so from another thread the communicator's
+  // construction, and each optimizer call that makes an MPI call (with one rank, a step makes
+  // none, a save its votes), throw std::invalid_argument naming the level, alike on every rank
+  // and before any change; the same optimizer then goes on from this thread as if nothing had been tried.
+  int level = 0;
+  MPI_Query_thread(&level);
+  REQUIRE(level == MPI_THREAD_FUNNELED);
+  auto on_thread = [](auto f) {
+    std::exception_ptr e;
+    std::thread([&] {
+      try {
+        f();
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }).join();
+    return e;
+  };
+  auto refused = [](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::invalid_argument& x) {
+      const std::string w = x.what();
+      return w.find("MPI_THREAD_FUNNELED") != std::string::npos && w.find("MPI_THREAD_SERIALIZED") != std::string::npos;
+    } catch (...) {
+      return false;
+    }
+  };
+  std::exception_ptr e = on_thread([] { mpi_communicator c(MPI_COMM_WORLD); });
+  REQUIRE(e);
+  CHECK(refused(e));
+  const bool collective = ranks() > 1;
+  const gradient_source src;
+  const config cfg = test_config(true);
+  const std::string path = tmp_path("mpi_thread.zfc");
+  if (my_rank() == 0) std::filesystem::remove(path);  // (a file a killed run left)
+  MPI_Barrier(MPI_COMM_WORLD);
+  model m;
+  dp_optimizer opt(cfg, mpi_communicator(MPI_COMM_WORLD));
+  m.add_to(opt);
+  e = on_thread([&] { opt.initialize(); });
+  CHECK(bool(e) == collective);
+  if (e) {
+    CHECK(refused(e));
+    CHECK(!opt.initialized());
+    opt.initialize();
+  }
+  const int n = 6;
+  for (int s = 0; s < n; ++s) {
+    src.local_grads(m, s);
+    if (s == 4) {  // (a boundary step, after the warm-up)
+      e = on_thread([&] { opt.step(); });
+      CHECK(bool(e) == collective);
+      if (!e) continue;  // (one rank: the step was taken there)
+      CHECK(refused(e));
+    }
+    opt.step();
+  }
+  // (a data-parallel save votes even with one rank: refused there too, before anything is written)
+  e = on_thread([&] { opt.save(path); });
+  REQUIRE(e);
+  CHECK(refused(e));
+  CHECK_FALSE(exists(path));
+  CHECK(state_of(opt, m) == reference_state(src, cfg, 0, n, false));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (my_rank() == 0) std::filesystem::remove(path);
+}
+
 TEST_CASE("data parallel: a checkpoint resumes bit-exact, with all the ranks again or with one") {
   // The ranks save together: each rank its shard (its blocks of the host state), rank 0 the
   // manifest. Resuming on all the ranks, or on each rank alone (a communicator of one: a

@@ -26,6 +26,8 @@ extern "C" zf_status zf_create_mpi(const char* kind, const char* config_json, MP
   if (!initialized || finalized)
     return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create_mpi: MPI is not initialised, or already finalised");
   if (comm == MPI_COMM_NULL) return fail(ZF_INVALID_ARGUMENT, "zenflow: zf_create_mpi: comm is MPI_COMM_NULL");
+  // (before the first vote, itself an MPI call: from a thread that may not call MPI, refused)
+  if (const zf_status s = guarded([] { detail::check_mpi_thread("zf_create_mpi"); }); s != ZF_OK) return s;
   // every rank's own answer, then whether every rank's is yes (on comm, the trainer's: zenflow's
   // duplicate is made by the construction between the two votes)
   auto all_ranks = [&](bool ok, bool& all) -> zf_status {

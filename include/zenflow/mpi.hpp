@@ -38,6 +38,26 @@
 
 namespace zenflow {
 
+namespace detail {
+// Below MPI_THREAD_SERIALIZED only the thread that initialised MPI may call it
+// (MPI_THREAD_FUNNELED; MPI_THREAD_SINGLE, what a plain MPI_Init gives, promises one thread), and
+// zenflow calls MPI from the thread that calls the optimizer: refused from another thread then,
+// before the call (one from there would be undefined: a hang, a crash or garbled messages).
+// Checked at each collective, alike on every rank that drives its optimizer the same way.
+inline void check_mpi_thread(const char* who = "mpi_communicator") {
+  int level = MPI_THREAD_SINGLE, main = 0;
+  MPI_Query_thread(&level);
+  if (level >= MPI_THREAD_SERIALIZED) return;
+  MPI_Is_thread_main(&main);
+  if (main) return;
+  throw std::invalid_argument(std::string("zenflow: ") + who + ": MPI was initialised at thread level " +
+                              (level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED" : "MPI_THREAD_SINGLE") +
+                              ", where only the thread that initialised it may call MPI, and this thread did not; "
+                              "zenflow calls MPI from the thread that calls the optimizer: initialise MPI with "
+                              "MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...) to drive it from another thread");
+}
+}  // namespace detail
+
 class mpi_communicator {
  public:
   using space = host_space;  // reduce and all_gather take host memory
@@ -70,6 +90,7 @@ class mpi_communicator {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw std::logic_error("zenflow: mpi_communicator made before MPI_Init");
+    detail::check_mpi_thread();
     // (local checks, alike on every rank that passes the same communicator: no rank waits in the
     // dup below for one that refused)
     if (comm == MPI_COMM_NULL) throw std::invalid_argument("zenflow: mpi_communicator of MPI_COMM_NULL");
@@ -106,6 +127,7 @@ class mpi_communicator {
   // reduction rounded to t. Collective: every rank calls it with the same t and n.
   void reduce(void* data, dtype t, std::size_t n, reduce_op op) {
     if (size_ == 1) return;  // the sum of one, and its mean (x / 1 == x)
+    detail::check_mpi_thread();
     // Rounds of at most 2^26 elements, so that every count and offset fits MPI's int.
     const std::size_t round_max = std::min(lim_.round, lim_.int_max);
     const std::size_t R = std::size_t(size_), es = size_of(t);
@@ -157,6 +179,7 @@ class mpi_communicator {
   // reduction rounded to t.
   void reduce_scatter(void* data, dtype t, const std::size_t* counts, reduce_op op) {
     if (size_ == 1) return;
+    detail::check_mpi_thread();
     const std::size_t R = std::size_t(size_), me = std::size_t(rank_), es = size_of(t);
     std::size_t longest = 0, total = 0, own = 0;  // own: where this rank's segment starts
     for (std::size_t r = 0; r < R; ++r) {
@@ -226,6 +249,7 @@ class mpi_communicator {
   // MPI's int, else each rank's block broadcast from it in pieces of at most 1 GiB.
   void all_gather(void* data, const std::size_t* bytes) {
     if (size_ == 1) return;
+    detail::check_mpi_thread();
     grow(0, 0, 0);
     const std::size_t R = std::size_t(size_);
     std::size_t total = 0;
@@ -254,6 +278,7 @@ class mpi_communicator {
   void use_arena(tbb::task_arena* arena) noexcept { arena_ = arena; }
 
   bool all_agree(bool ok) {
+    detail::check_mpi_thread();
     int mine = ok ? 1 : 0, all = 0;
     check(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce");
     return all != 0;
