@@ -674,6 +674,67 @@ TEST_CASE("cuda: a stream query answering NotReady does not fail the next step" 
   ZF_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
+// initialize() after the trainer's stream query answered NotReady (kept in the thread's
+// last-error slot): no error, so initialize() goes on — its arithmetic probe used to read the
+// slot after its launch and fail on that answer — and a step and its selection too (CUB peeks
+// at the slot after its launches).
+TEST_CASE("cuda: initialize() and a selection after a query answering NotReady" * doctest::skip(!has_gpu())) {
+  small_problem pb(64, 96, 1);
+  cudaStream_t stream;
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    optimizer<cuda_space> opt(pb.cfg);
+    opt.add_matrix(pb.param());
+    busy_stream(stream, 50.0);
+    REQUIRE(cudaStreamQuery(stream) == cudaErrorNotReady);
+    MESSAGE("last error after the query: " << std::string(cudaGetErrorName(cudaPeekAtLastError())));
+    CHECK_NOTHROW(opt.initialize(stream));
+    busy_stream(stream, 50.0);
+    REQUIRE(cudaStreamQuery(stream) == cudaErrorNotReady);
+    step_info info{};
+    CHECK_NOTHROW(info = opt.step(stream, 1.0f));
+    CHECK(info.selection);
+    CHECK(opt.selected_columns(matrix_id{0}).size() == 9);  // floor(0.1 * 96)
+    ZF_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  ZF_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+// A stream of another GPU than the optimizer's: step(stream) refuses it as an argument
+// (std::invalid_argument, nothing changed, the optimizer usable on its own stream), instead of a
+// kernel launch failing midway through the step. Needs two GPUs (and CUDA 12.8 to ask a stream's
+// device).
+TEST_CASE("cuda: step() on a stream of another GPU is refused with nothing changed" *
+          doctest::skip(!has_gpu() || [] {
+            int n = 0;
+            return cudaGetDeviceCount(&n) != cudaSuccess || n < 2;
+          }())) {
+  ZF_CUDA_TRY(cudaSetDevice(0));
+  small_problem pb(64, 96, 2);
+  cudaStream_t mine, foreign;
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
+  ZF_CUDA_TRY(cudaSetDevice(1));
+  ZF_CUDA_TRY(cudaStreamCreateWithFlags(&foreign, cudaStreamNonBlocking));
+  ZF_CUDA_TRY(cudaSetDevice(0));
+  {
+    optimizer<cuda_space> opt(pb.cfg);
+    opt.add_matrix(pb.param());
+    opt.initialize(mine);
+    CHECK_FALSE(opt.step(mine, 1.0f).skipped);
+    const auto before = opt.stats();
+    CHECK_THROWS_WITH_AS(opt.step(foreign, 1.0f), doctest::Contains("the stream is on GPU 1"), std::invalid_argument);
+    CHECK(opt.space().stream() == mine);
+    CHECK(opt.stats().steps == before.steps);
+    CHECK(opt.usable());
+    CHECK_FALSE(opt.step(mine, 1.0f).skipped);
+    opt.synchronize();
+  }
+  ZF_CUDA_TRY(cudaStreamDestroy(mine));
+  ZF_CUDA_TRY(cudaSetDevice(1));
+  ZF_CUDA_TRY(cudaStreamDestroy(foreign));
+  ZF_CUDA_TRY(cudaSetDevice(0));
+}
+
 namespace {
 __global__ void trainer_kernel() {}
 }  // namespace

@@ -325,6 +325,9 @@ class nccl_communicator {
       const cudaError_t q = cudaStreamQuery(s);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) ZF_CUDA_TRY(q);
+      // (the runtime keeps that "not ready" as the thread's last error: not left for the next
+      // launch check, CUB's among them, to report)
+      cuda_detail::clear_answer();
       ncclResult_t async = ncclSuccess;
       check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess) check(async, what);

@@ -357,10 +357,22 @@ class optimizer {
   step_info step_on(const typename Space::stream_type* stream, float grad_scale) {
     if (!initialized_) fail("step() before initialize()");
     enter();
-    if (distributed()) agree_to_step(grad_scale);  // (which carries a pending error: below, one process)
+    // a stream the space cannot take (cuda_space: another GPU's) is an argument refused, as the
+    // grad_scale is: before anything changes (data parallel: in the vote, on every rank)
+    std::string refused_stream;
+    if constexpr (requires(const Space& s, typename Space::stream_type t) {
+                    { s.stream_refusal(t) } -> std::convertible_to<std::string>;
+                  })
+      if (stream) {
+        refused_stream = space_.stream_refusal(*stream);
+        if (!refused_stream.empty()) refused_stream = "step(stream): " + refused_stream;
+      }
+    // (the vote carries a pending error: below, one process)
+    if (distributed()) agree_to_step(grad_scale, refused_stream.empty() ? nullptr : &refused_stream);
     check_usable();
     if (!distributed()) check_no_pending_error("step()");
     check_grad_scale(grad_scale);
+    if (!refused_stream.empty()) fail(refused_stream);
     // (the same on every rank: applied_ is replicated)
     if (applied_ >= max_applied_steps)
       throw std::overflow_error("zenflow: step() refused: " + std::to_string(applied_) +

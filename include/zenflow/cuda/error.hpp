@@ -85,6 +85,13 @@ inline bool answer_not_failure(cudaError_t e) noexcept {
 // answers above).
 inline bool is_failure(cudaError_t e) noexcept { return e != cudaSuccess && !answer_not_failure(e); }
 
+// Clears the thread's last-error slot if it holds one of the answers above (a stream query's
+// "not ready" that zenflow's own polling left, say), and only then: a library that checks its
+// launches by peeking at the slot (CUB does) would otherwise report that answer as its failure.
+inline void clear_answer() noexcept {
+  if (answer_not_failure(cudaPeekAtLastError())) (void)cudaGetLastError();
+}
+
 // After a kernel launch: the thread's last error, cleared; thrown unless it is one of the
 // answers above (the trainer's own, typically), which are cleared and not thrown.
 inline void check_launch_status(cudaError_t e, const char* kernel, const char* file, int line) {

@@ -933,6 +933,9 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
     if (total_cols_ == 0 || chosen_host_.size() == 0) return;
     const double* keys = kind == score_kind::l1 ? l1_.data() : sumsq_.data();
     std::size_t bytes = temp_.size();
+    // (CUB checks its launches by peeking at the thread's last error: a query's "not ready" left
+    // there, by the trainer or by a wait on a collective, would be reported as its failure)
+    cuda_detail::clear_answer();
     ZF_CUDA_TRY(cub::DeviceSegmentedSort::StableSortPairsDescending(
         temp_.data(), bytes, keys, keys_out_.data(), local_.data(), sorted_.data(), std::int64_t(total_cols_),
         std::int64_t(matrices_.size()), offsets_.data(), offsets_.data() + 1, stream_));

@@ -338,7 +338,9 @@ class cuda_space {
       cudaError_t r = cudaMemcpyAsync(d.data(), in, sizeof in, cudaMemcpyHostToDevice, s);
       if (r != cudaSuccess) return r;
       cuda_kernels::arithmetic_probe<<<1, 1, 0, s>>>(d.data(), d.data() + 2);
-      if ((r = cudaGetLastError()) != cudaSuccess) return r;
+      // (a "not ready" or "already enabled" the trainer left on the thread is no failure of the
+      // launch: check_no_pending_error let it through)
+      if (cuda_detail::is_failure(r = cudaGetLastError())) return r;
       return cudaMemcpyAsync(out, d.data() + 2, sizeof out, cudaMemcpyDeviceToHost, s);
     });
     if (e != cudaSuccess) cuda_detail::throw_error(e, "the arithmetic probe", __FILE__, __LINE__);
@@ -437,6 +439,27 @@ class cuda_space {
       ZF_CUDA_TRY(cudaDeviceSynchronize());
     }
     stream_ = s;
+  }
+  // Why `s` cannot take the optimizer's work (empty: it can): a stream of another GPU than this
+  // space's, where its kernels cannot launch — refused as an argument, before anything changes,
+  // instead of a launch failing midway through a step. Asked of the runtime (CUDA 12.8 and
+  // later); a stream it cannot place is left to the hand-over to report, and before initialize()
+  // (the device not chosen yet) any stream is taken.
+  std::string stream_refusal(cudaStream_t s) const {
+#if CUDART_VERSION >= 12080
+    if (!live_ || s == stream_) return {};
+    int d = -1;
+    if (cudaStreamGetDevice(s, &d) != cudaSuccess) {
+      (void)cudaGetLastError();  // (that answer, not left for a later launch check to find)
+      return {};
+    }
+    if (d != device_)
+      return "the stream is on GPU " + std::to_string(d) + ", the optimizer's work on GPU " + std::to_string(device_) +
+             " (its kernels cannot launch there); nothing changed";
+#else
+    (void)s;
+#endif
+    return {};
   }
   // Nothing of the optimizer's is queued any more (a failed initialize() freed everything): the
   // next change of stream needs no hand-over.
