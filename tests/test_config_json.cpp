@@ -335,6 +335,9 @@ TEST_CASE("config_from_json: unknown keys, wrong types and bad values are named"
                     "zenflow config: param_groups.a.lr_scale must be a number, got a string x (line 1)");
   expect_json_error(R"({"param_groups": {"a": {"lr_scale": -1}}})",
                     "zenflow config: param_groups.a: lr_scale must be finite and >= 0, got -1");
+  expect_json_error(R"({"param_groups": {"a": {"lr_scale": 1e-50}}})",
+                    "zenflow config: param_groups.a.lr_scale is 1e-50, which is not 0 but rounds to 0 in fp32 (below "
+                    "about 1.4e-45); write 0 for 0");
   // the group's own bounds, with the config's lr (1e-3) and weight_decay (0.01): lr <= 1
   expect_json_error(R"({"param_groups": {"fast": {"lr_scale": 2000}}})",
                     "zenflow config: param_groups.fast: lr 0.001 times lr_scale 2000 must be at most 1");
@@ -428,6 +431,35 @@ TEST_CASE("config_from_deepspeed_json: the block, the optimizer and clipping") {
                   "rounded to fp32)");
   expect_ds_error(R"({"zero_optimization": {"zenflow": {"topk_ratio": 1.5}}})",
                   "zenflow config: zero_optimization.zenflow.topk_ratio must be in [0, 1], got 1.5");
+  // a number that is not 0 but would be taken as 0 (a learning rate, a decay, a clip of 0 each
+  // mean something else: none, no decay, no clipping) is refused, naming the key; 0 written in
+  // any form stays 0
+  expect_ds_error(R"({"optimizer": {"params": {"lr": 1e-46}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.lr is 1e-46, which is not 0 but rounds to 0 in fp32 (below about "
+                  "1.4e-45); write 0 for 0");
+  expect_ds_error(R"({"optimizer": {"params": {"weight_decay": 2.5E-50}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.weight_decay is 2.5E-50, which is not 0 but rounds to 0 in fp32 "
+                  "(below about 1.4e-45); write 0 for 0");
+  expect_ds_error(R"({"optimizer": {"params": {"betas": [1e-60, 0.99]}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.betas[0] is 1e-60, which is not 0 but rounds to 0 in fp32 (below "
+                  "about 1.4e-45); write 0 for 0");
+  expect_ds_error(R"({"gradient_clipping": 1e-400, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: gradient_clipping is 1e-400, which is not 0 but reads as 0 (below the smallest "
+                  "double); write 0 for 0");
+  expect_ds_error(R"({"optimizer": {"params": {"eps": 3e-400}}, "zero_optimization": {"zenflow": {}}})",
+                  "zenflow config: optimizer.params.eps is 3e-400, which is not 0 but reads as 0 (below the smallest "
+                  "double); write 0 for 0");
+  for (const char* zero : {"0", "0.0", "-0", "0e-500", "0.000e+12"}) {
+    CAPTURE(zero);
+    const config z = config_from_deepspeed_json(std::string(R"({"gradient_clipping": )") + zero +
+                                                R"(, "optimizer": {"params": {"weight_decay": )" + zero +
+                                                R"(}}, "zero_optimization": {"zenflow": {}}})");
+    CHECK(z.max_grad_norm == 0);
+    CHECK(z.adam.weight_decay == 0);
+  }
+  // (the smallest fp32 subnormal, 2^-149 = 1.401298e-45, is taken)
+  CHECK(config_from_deepspeed_json(R"({"optimizer": {"params": {"lr": 1.401298e-45}}, "zero_optimization": {"zenflow": {}}})")
+            .adam.lr == 0x1p-149f);
   expect_ds_error("[1]", "zenflow config: the DeepSpeed config must be an object, got an array (line 1)");
 }
 

@@ -256,8 +256,30 @@ inline const json::value& json_expect(const json::value& v, json::kind k, const 
   return v;
 }
 
+// Whether a JSON number's text is nonzero: a digit 1-9 before its exponent.
+inline bool json_text_nonzero(std::string_view text) {
+  for (const char c : text) {
+    if (c == 'e' || c == 'E') break;
+    if (c >= '1' && c <= '9') return true;
+  }
+  return false;
+}
+// A number; one whose text is not 0 but that reads as 0 (below a double's smallest subnormal) is
+// refused, naming the key: taken as 0 it would mean something else (no clipping, no decay).
 inline double json_number(const json::value& v, const std::string& key) {
-  return json_expect(v, json::kind::number, key).number;
+  const double d = json_expect(v, json::kind::number, key).number;
+  if (d == 0 && json_text_nonzero(v.text))
+    json_bad(key, "is " + v.text + ", which is not 0 but reads as 0 (below the smallest double); write 0 for 0");
+  return d;
+}
+// A number held in fp32 (the AdamW hyperparameters, the group scales): as json_number, and one
+// that is not 0 but rounds to 0 in fp32 (below about 1.4e-45) is refused too, naming the key.
+// (One that rounds to infinity is left to the value checks, which name it as written.)
+inline float json_fp32(const json::value& v, const std::string& key) {
+  const double d = json_number(v, key);
+  if (d != 0 && float(d) == 0)
+    json_bad(key, "is " + v.text + ", which is not 0 but rounds to 0 in fp32 (below about 1.4e-45); write 0 for 0");
+  return float(d);
 }
 
 // (what the key takes, for the message: an interval's 0 is refused by validate(), in its words)
@@ -276,9 +298,9 @@ inline std::string json_name(const std::string& s) {
 }
 inline std::uint32_t json_uint32(const json::value& v, const std::string& key,
                                  const char* takes = "an integer in [0, 4294967295]") {
-  const double x = json_number(v, key);
+  const double x = json_expect(v, json::kind::number, key).number;
   // (integral judged on the literal: a fraction too small for the double, or an underflow to 0,
-  // is no count)
+  // is no count, and says what the key takes)
   if (!(x >= 0.0 && x <= 4294967295.0 && x == std::floor(x) && json::integral(v.text)))
     json_bad(key, std::string("must be ") + takes + ", got " + v.text);
   return std::uint32_t(x);
@@ -388,10 +410,10 @@ inline void apply_zenflow_block(config& c, const json::value& block, const std::
         }
       // (a scale is an fp32: one that rounds to infinity there is named as written)
       auto scale = [&](const json::value& x, const std::string& k) {
-        const double d = json_number(x, k);
-        if (std::isfinite(d) && !std::isfinite(float(d)))
+        const float f = json_fp32(x, k);
+        if (std::isfinite(x.number) && !std::isfinite(f))
           json_bad(k, "must be finite and >= 0, got " + x.text + " (infinite once rounded to fp32)");
-        return float(d);
+        return f;
       };
       if (const json::value* x = g.find("lr_scale")) ng.scales.lr_scale = scale(*x, gk + ".lr_scale");
       if (const json::value* x = g.find("weight_decay_scale"))
@@ -509,14 +531,14 @@ inline config config_from_deepspeed_doc(const json::value& doc, config c) {
         }
       }
       const detail::json::value* v;
-      if ((v = params->find("lr"))) c.adam.lr = float(detail::json_number(*v, "optimizer.params.lr"));
-      if ((v = params->find("eps"))) c.adam.eps = float(detail::json_number(*v, "optimizer.params.eps"));
-      if ((v = params->find("weight_decay"))) c.adam.weight_decay = float(detail::json_number(*v, "optimizer.params.weight_decay"));
+      if ((v = params->find("lr"))) c.adam.lr = detail::json_fp32(*v, "optimizer.params.lr");
+      if ((v = params->find("eps"))) c.adam.eps = detail::json_fp32(*v, "optimizer.params.eps");
+      if ((v = params->find("weight_decay"))) c.adam.weight_decay = detail::json_fp32(*v, "optimizer.params.weight_decay");
       if ((v = params->find("betas"))) {
         detail::json_expect(*v, kind::array, "optimizer.params.betas");
         if (v->items.size() != 2) detail::json_bad("optimizer.params.betas", "must hold two numbers, got " + std::to_string(v->items.size()));
-        c.adam.beta1 = float(detail::json_number(v->items[0], "optimizer.params.betas[0]"));
-        c.adam.beta2 = float(detail::json_number(v->items[1], "optimizer.params.betas[1]"));
+        c.adam.beta1 = detail::json_fp32(v->items[0], "optimizer.params.betas[0]");
+        c.adam.beta2 = detail::json_fp32(v->items[1], "optimizer.params.betas[1]");
       }
       if ((v = params->find("adam_w_mode"))) adamw = detail::json_expect(*v, kind::boolean, "optimizer.params.adam_w_mode").boolean;
       if ((v = params->find("torch_adam"))) detail::json_expect(*v, kind::boolean, "optimizer.params.torch_adam");  // picks an implementation only
