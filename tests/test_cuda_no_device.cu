@@ -1,7 +1,7 @@
 // Without a usable GPU (here: no driver, CUDA error 35) cuda_space fails cleanly: a
 // zenflow::cuda_error naming the call and CUDA's error at initialize(), the optimizer left
 // uninitialised with its registrations, never a crash. Runs where there is no GPU; skipped
-// (exit 77) where there is one.
+// (exit 77) where there is one, but for the cases of the "anywhere" suite (main, below).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -114,7 +114,7 @@ TEST_CASE("any_optimizer on cuda_space: the stream is the space's, and no GPU is
 
 // The reference is CUDA's own code and std::errc's meaning: only cudaErrorMemoryAllocation is
 // "not enough memory" (a trainer can free memory and retry); any other CUDA error is not.
-TEST_CASE("cuda_error: out of memory is std::errc::not_enough_memory, and ZF_OUT_OF_MEMORY in C") {
+TEST_CASE("cuda_error: out of memory is std::errc::not_enough_memory, and ZF_OUT_OF_MEMORY in C" * doctest::test_suite("anywhere")) {
   const cuda_error oom(cudaErrorMemoryAllocation, "zenflow: cudaMalloc(...) failed: out of memory");
   CHECK(oom.code() == cudaErrorMemoryAllocation);
   CHECK(oom.error_code() == std::errc::not_enough_memory);
@@ -154,7 +154,7 @@ TEST_CASE("cuda memory without a GPU: allocation throws cuda_error naming the ca
   CHECK(empty.data() == nullptr);
 }
 
-TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, not a crash") {
+TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, not a crash" * doctest::test_suite("anywhere")) {
   cuda_pinned t;
   float x = 0, y = 0;
   CHECK_THROWS_AS(t.to_host(&x, &y, 4), std::logic_error);
@@ -175,7 +175,7 @@ TEST_CASE("cuda transport used before the optimizer reserved it: a logic_error, 
 // thread's last error, is not a launch failure and must not fail the optimizer's next step; nor
 // is the "already" of a call whose work was done (peer access, host registration), which
 // trainers commonly leave unread. The same statuses are no pending error at step() either.
-TEST_CASE("launch check: a query's NotReady passes, a launch error throws naming the kernel") {
+TEST_CASE("launch check: a query's NotReady passes, a launch error throws naming the kernel" * doctest::test_suite("anywhere")) {
   CHECK_NOTHROW(cuda_detail::check_launch_status(cudaSuccess, "k", "f.cu", 1));
   CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorNotReady, "k", "f.cu", 1));
   CHECK_NOTHROW(cuda_detail::check_launch_status(cudaErrorPeerAccessAlreadyEnabled, "k", "f.cu", 1));
@@ -222,7 +222,7 @@ TEST_CASE("debug sync check: switched by ZENFLOW_CUDA_SYNC_CHECK or set_cuda_syn
 // runtime and the driver, and runs at initialize() on a GPU: tests/test_cuda_space.cu), case by
 // case against what the README promises: which kinds of memory a GPU's kernels can use, and the
 // length check against the allocation's extent, exact at its end.
-TEST_CASE("registered memory: device memory of the GPU, managed and mapped memory pass; the rest is refused") {
+TEST_CASE("registered memory: device memory of the GPU, managed and mapped memory pass; the rest is refused" * doctest::test_suite("anywhere")) {
   using cuda_detail::memory_facts;
   using cuda_detail::memory_refusal;
   alignas(16) static char arena[4096];
@@ -271,7 +271,7 @@ TEST_CASE("registered memory: device memory of the GPU, managed and mapped memor
 
 // The judgement behind cuda_space::check_host_memory (the destination of a copy out of the
 // optimizer; on a GPU: tests/test_cuda_space.cu).
-TEST_CASE("copy destinations: device memory is refused where the host cannot reach it, host memory of any kind passes") {
+TEST_CASE("copy destinations: device memory is refused where the host cannot reach it, host memory of any kind passes" * doctest::test_suite("anywhere")) {
   using cuda_detail::host_refusal;
   CHECK(host_refusal(cudaMemoryTypeDevice, 1, false) ==
         "is device memory of GPU 1: the copies write host memory (pageable, page-locked or managed)");
@@ -282,8 +282,14 @@ TEST_CASE("copy destinations: device memory is refused where the host cannot rea
   }
 }
 
+// ctest runs this program twice: as cuda_logic with --test-suite=anywhere (the cases above that
+// need no particular machine: run everywhere, a GPU machine too), and as cuda_no_device with
+// --test-suite-exclude=anywhere (the cases that need the GPU to be missing: skipped where there
+// is one).
 int main(int argc, char** argv) {
-  if (gpu_present()) {
+  bool anywhere = false;
+  for (int i = 1; i < argc; ++i) anywhere = anywhere || std::string(argv[i]) == "--test-suite=anywhere";
+  if (!anywhere && gpu_present()) {
     std::printf("zenflow cuda tests: a GPU is present: the no-device tests are skipped\n");
     return 77;
   }
