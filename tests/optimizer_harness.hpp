@@ -117,8 +117,10 @@ struct trainer {
       for (std::size_t c = m.cols; c > 1; --c) std::swap(perm[c - 1], perm[r.below(c)]);
       gm[mi].resize(m.rows * m.cols);
       // A continuous factor per step and matrix keeps sums of different steps from tying
-      // exactly (the Zen-auto rule compares such sums); within a step the columns stay >= 3%
-      // apart, more than a bf16 rounding step, so the top-k order is unambiguous in any dtype.
+      // exactly (the Zen-auto rule compares such sums); within a step two columns' magnitudes
+      // differ by a factor of at least 64/63 (1.6%: (1 + q/32) steps by 1/32 within a binade,
+      // and 2 against 63/32 across one), more than two bf16 roundings can close (2 · 2^-8 =
+      // 0.78%), so the top-k order is unambiguous in any dtype.
       const double jitter = 1.0 + r.uniform(0, 0.5);
       for (std::size_t c = 0; c < m.cols; ++c) {
         const std::size_t q = perm[c];
@@ -157,12 +159,14 @@ struct trainer {
 };
 
 // The master tolerance: float vs double over tens of steps. Each step rounds the master once
-// (relative 2^-24) and the update (about lr in size) with relative error ~1e-6; over <= 60 steps
-// that stays below 1e-5 (|p| + 1) with a wide margin, while one missing, repeated or stale
-// update moves a value by about lr >= 1e-3. (The masters are compared with this tolerance alone.
-// The trainer's visible params add half a unit of their dtype: for bf16 near 1 that is 2^-9 to
-// 2^-8, as large as the smallest lr drawn, so a stale bf16 visible param can pass unseen in
-// those draws; the masters, the fp32/fp16 scenarios and the larger lr draws still catch it.)
+// (relative 2^-24) and the update (at most about lr in size) with relative error ~1e-6; over
+// <= 60 steps that stays below 1e-5 (|p| + 1) with a wide margin. A missing, repeated or stale
+// update usually moves a value by more (an Adam step is about lr >= 1e-3 where |m^| ~ sqrt(v^)),
+// but not always (where |m^| << sqrt(v^) it is far smaller): the tolerance is what float vs
+// double allows, not a detector of staleness. Staleness is caught exactly instead: the selected
+// columns, counts and stats are compared exactly with the reference model's, and each visible
+// param bit for bit with the optimizer's own master of the step the reference shows (run_scenario).
+// (The visible params' tolerance against the reference adds half a unit of their dtype.)
 inline double master_tol(double ref) { return 1e-5 * (1.0 + std::fabs(ref)); }
 
 // Where the optimizer's params and grads live: for the host space, the trainer's own buffers.
@@ -191,6 +195,30 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
     model.add_vector(tr.vector_values(vi));
   }
   opt.initialize();
+  // The masters, the reference's and the optimizer's, after each step so far (the first:
+  // initialize's). A visible param is checked bit for bit against the optimizer's own master of
+  // the step whose reference master the reference shows (the last step's, or an older one while
+  // a host update is not yet visible), rounded to the param dtype: a value published a host
+  // update early or late differs there, where the tolerance against the reference (half a unit
+  // of a 16-bit dtype) could let it pass.
+  std::vector<std::vector<std::vector<double>>> ref_masters(sc.mats.size());
+  std::vector<std::vector<std::vector<float>>> opt_masters(sc.mats.size());
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    ref_masters[mi].push_back(model.mats[mi].master);
+    opt_masters[mi].emplace_back(sc.mats[mi].rows * sc.mats[mi].cols);
+    opt.copy_master(matrix_id{mi}, opt_masters[mi].back().data());
+  }
+  // the bytes of x rounded to dtype t (the rounding the optimizer must use: to nearest even)
+  auto rounded = [](dtype t, float x) {
+    std::vector<unsigned char> b(4);
+    store_float(b, t, 0, x);
+    b.resize(size_of(t));
+    return b;
+  };
+  auto bytes_at = [](const std::vector<unsigned char>& buf, dtype t, std::size_t i) {
+    const std::size_t n = size_of(t);
+    return std::vector<unsigned char>(buf.begin() + std::ptrdiff_t(i * n), buf.begin() + std::ptrdiff_t((i + 1) * n));
+  };
   std::vector<std::vector<double>> gm, gv;
   for (int step = 0; step < sc.steps; ++step) {
     CAPTURE(step);
@@ -216,17 +244,29 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
       REQUIRE(opt.selected_columns(matrix_id{mi}) == want);
       const auto counts = opt.column_counts(matrix_id{mi});
       for (std::size_t c = 0; c < m.cols; ++c) REQUIRE(counts[c] == x.count[c]);
-      std::vector<float> master(m.rows * m.cols);
+      std::vector<float> master(m.rows * m.cols), visible(m.rows * m.cols);
       opt.copy_master(matrix_id{mi}, master.data());
+      ref_masters[mi].push_back(x.master);
+      opt_masters[mi].push_back(master);
       for (std::size_t e = 0; e < master.size(); ++e) {
         CAPTURE(e);
         REQUIRE(std::fabs(master[e] - x.master[e]) <= master_tol(x.master[e]));
         const std::size_t c = e / m.rows, i = e % m.rows;
         const float seen = load_as_float(tr.mp[mi], m.pt, tr.at(m, i, c));
+        visible[e] = seen;
         // what the trainer sees: the reference's visible value, rounded to the param dtype
         REQUIRE(std::fabs(seen - x.visible[e]) <= master_tol(x.visible[e]) + half_ulp(m.pt, x.visible[e]));
+        // and exactly the optimizer's master of the step the reference shows, rounded
+        std::size_t t = ref_masters[mi].size();
+        while (t > 0 && ref_masters[mi][t - 1][e] != x.visible[e]) --t;
+        REQUIRE(t > 0);  // (the reference's visible value is always one of its masters)
+        CAPTURE(ref_masters[mi].size() - t);  // (steps behind)
+        REQUIRE(bytes_at(tr.mp[mi], m.pt, tr.at(m, i, c)) == rounded(m.pt, opt_masters[mi][t - 1][e]));
       }
-      if (trace) trace->back().push_back(master);
+      if (trace) {
+        trace->back().push_back(master);
+        trace->back().push_back(visible);
+      }
     }
     for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
       const auto& x = model.vecs[vi];
@@ -236,6 +276,8 @@ inline void run_scenario(const scenario& sc, Opt& opt, std::vector<std::vector<s
         REQUIRE(std::fabs(master[i] - x.master[i]) <= master_tol(x.master[i]));
         const float seen = load_as_float(tr.vp[vi], sc.vecs[vi].pt, i);
         REQUIRE(std::fabs(seen - x.master[i]) <= master_tol(x.master[i]) + half_ulp(sc.vecs[vi].pt, x.master[i]));
+        // (a vector is updated on the device every step: its param is its master, rounded)
+        REQUIRE(bytes_at(tr.vp[vi], sc.vecs[vi].pt, i) == rounded(sc.vecs[vi].pt, master[i]));
       }
     }
     const optimizer_stats st = opt.stats();

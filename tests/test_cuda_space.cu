@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -587,6 +588,27 @@ TEST_CASE("cuda: the selective AdamW's word path and its element fallback give t
 // Overlap: after step() returns, the offload (D2H + host accumulation) and the window's host
 // AdamW finish while the stream is still busy with the next "forward/backward" (a spinning
 // kernel): host work runs behind the device, not in front of it.
+namespace {
+// bounded_async whose background jobs start 50 ms late: still running when a step() that does
+// not wait for them returns.
+struct late_lanes : bounded_async {
+  template <class Job>
+  void launch(Job&& job) {
+    bounded_async::launch([job = std::forward<Job>(job)]() mutable {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      job();
+    });
+  }
+  template <class Job>
+  void launch_offload(Job&& job) {
+    bounded_async::launch_offload([job = std::forward<Job>(job)]() mutable {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      job();
+    });
+  }
+};
+}  // namespace
+
 TEST_CASE("cuda: offload and host update overlap the device's next work" * doctest::skip(!has_gpu())) {
   small_problem pb(1024, 1024, 2);
   pb.cfg.select_interval = interval::every(1000);
@@ -594,12 +616,17 @@ TEST_CASE("cuda: offload and host update overlap the device's next work" * docte
   cudaStream_t stream;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    optimizer<cuda_space> opt(pb.cfg);
+    optimizer<cuda_space, column_topk, fused_adamw<cuda_space>, simd_accumulator, cuda_pinned, late_lanes> opt(pb.cfg);
     opt.add_matrix(pb.param());
     opt.initialize(stream);
     CHECK(opt.stats().host_pinned_bytes > 0);
     for (int t = 0; t < 6; ++t) {
-      opt.step(stream, 1.0f);
+      const step_info info = opt.step(stream, 1.0f);
+      // step() returned without waiting for its background work: the offload (after the first
+      // selection: before it the offload is synchronous) and, at a boundary, the host update
+      // are still in their 50 ms head start (a step that waited for them would find them done)
+      if (t >= 1) CHECK(opt.scheduler().busy());
+      CAPTURE(info.boundary);
       busy_stream(stream, 300.0);  // the next forward/backward
       // (polled: the optimizer's scheduler is read-only outside it; both lanes idle means the
       // step's offload and, at a boundary, its host update are done)
@@ -929,6 +956,41 @@ TEST_CASE("cuda: checkpoints move between spaces" * doctest::skip(!has_gpu())) {
       REQUIRE(th.mp[mi] == tc.mp[mi]);
     }
   }
+  // and back: the GPU's checkpoint into a fresh host-space optimizer, which then goes on as the
+  // host one that trained all along, bit for bit (its own buffers, fed the same gradients)
+  co.save(path);
+  zf_test::trainer t2(sc);
+  optimizer<> h2(sc.cfg);
+  for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+    const auto& m = sc.mats[mi];
+    h2.add_matrix({t2.mp[mi].data(), t2.mg[mi].data(), m.rows, m.cols, m.pt, m.gt, m.layout});
+  }
+  for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) {
+    const auto& v = sc.vecs[vi];
+    h2.add_vector({t2.vp[vi].data(), t2.vgb[vi].data(), v.n, v.pt, v.gt});
+  }
+  h2.initialize();
+  h2.load(path);
+  for (int s = 0; s < 6; ++s) {
+    CAPTURE(s);
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) {
+      const std::size_t n = sc.mats[mi].rows * sc.mats[mi].cols;
+      std::vector<float> x(n), y(n);
+      ho.copy_master(matrix_id{mi}, x.data());
+      h2.copy_master(matrix_id{mi}, y.data());
+      REQUIRE(std::memcmp(x.data(), y.data(), 4 * n) == 0);
+      REQUIRE(ho.column_counts(matrix_id{mi}) == h2.column_counts(matrix_id{mi}));
+      REQUIRE(ho.selected_columns(matrix_id{mi}) == h2.selected_columns(matrix_id{mi}));
+      REQUIRE(th.mp[mi] == t2.mp[mi]);
+    }
+    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) REQUIRE(th.vp[vi] == t2.vp[vi]);
+    const float scale = float(th.next(gm, gv));
+    for (std::size_t mi = 0; mi < sc.mats.size(); ++mi) t2.mg[mi] = th.mg[mi];  // (same size: same buffer)
+    for (std::size_t vi = 0; vi < sc.vecs.size(); ++vi) t2.vgb[vi] = th.vgb[vi];
+    ho.step(scale);
+    h2.step(scale);
+  }
+  std::remove(path.c_str());
 }
 
 namespace {
