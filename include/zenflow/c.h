@@ -82,8 +82,12 @@ int zf_version(void) ZF_NOEXCEPT;
  * "zenflow" block of a DeepSpeed config ({"topk_ratio": 0.1, "update_interval": 4, ...}), or a
  * whole DeepSpeed config (an object with "zero_optimization"; its optimizer.params give lr,
  * betas, eps and weight_decay), which must hold a "zero_optimization.zenflow" block whatever the
- * kind ({} gives the defaults; without one ZenFlow is off in it, and it is refused). On success
- * *out is the new handle; on failure *out is NULL. */
+ * kind ({} gives the defaults; without one ZenFlow is off in it, and it is refused). The config
+ * is read and checked as ZenFlow's whatever the kind; the baselines then fix topk_ratio,
+ * update_interval, select_interval, overlap_step and full_warm_up_rounds to their own values
+ * (zero_offload: 0, 1, 1, off, 0; device_adam: 1, 1, never, off, 0), so one config serves the
+ * three kinds, and those keys change nothing for the baselines. On success *out is the new
+ * handle; on failure *out is NULL. */
 zf_status zf_create(const char* kind, const char* config_json, zf_optimizer** out) ZF_NOEXCEPT;
 /* Releases everything (waits for a host update in flight; a failure of that update is not
  * reported: zf_synchronize first returns it). NULL is allowed. */

@@ -1440,7 +1440,12 @@ class optimizer {
   }
   void check_registration(const std::string& who) const {
     if (initialized_) fail(who + ": cannot register after initialize()");
+    // (a checkpoint counts its sections, 3 + one a tensor, in 32 bits, and the device's launches
+    // their tensors in an int: a limit no model comes near, refused rather than wrapped)
+    if (matrices_.size() + vectors_.size() >= max_tensors)
+      fail(who + ": at most " + std::to_string(max_tensors) + " tensors can be registered");
   }
+  static constexpr std::size_t max_tensors = (std::size_t(1) << 31) - 8;
   // Every public entry point that touches the device after initialize() first makes the space
   // current on the calling thread (a CUDA space sets its device: a trainer may drive the optimizer from another
   // thread than the one that initialised it). Spaces without activate() need nothing.
