@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <zenflow/zenflow.hpp>
@@ -360,5 +362,26 @@ inline scenario random_scenario(std::uint64_t seed) {
   return sc;
 }
 
+
+// bounded_async whose background jobs start late — a host update by HostMs, a gradient offload
+// by OffloadMs milliseconds —, so that they are still running when a step() that does not wait
+// for them returns, and meet whatever the trainer does meanwhile.
+template <int HostMs, int OffloadMs>
+struct late_lanes : bounded_async {
+  template <class Job>
+  void launch(Job&& job) {
+    bounded_async::launch([job = std::forward<Job>(job)]() mutable {
+      std::this_thread::sleep_for(std::chrono::milliseconds(HostMs));
+      job();
+    });
+  }
+  template <class Job>
+  void launch_offload(Job&& job) {
+    bounded_async::launch_offload([job = std::forward<Job>(job)]() mutable {
+      std::this_thread::sleep_for(std::chrono::milliseconds(OffloadMs));
+      job();
+    });
+  }
+};
 
 }  // namespace zf_test

@@ -588,27 +588,6 @@ TEST_CASE("cuda: the selective AdamW's word path and its element fallback give t
 // Overlap: after step() returns, the offload (D2H + host accumulation) and the window's host
 // AdamW finish while the stream is still busy with the next "forward/backward" (a spinning
 // kernel): host work runs behind the device, not in front of it.
-namespace {
-// bounded_async whose background jobs start 50 ms late: still running when a step() that does
-// not wait for them returns.
-struct late_lanes : bounded_async {
-  template <class Job>
-  void launch(Job&& job) {
-    bounded_async::launch([job = std::forward<Job>(job)]() mutable {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      job();
-    });
-  }
-  template <class Job>
-  void launch_offload(Job&& job) {
-    bounded_async::launch_offload([job = std::forward<Job>(job)]() mutable {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      job();
-    });
-  }
-};
-}  // namespace
-
 TEST_CASE("cuda: offload and host update overlap the device's next work" * doctest::skip(!has_gpu())) {
   small_problem pb(1024, 1024, 2);
   pb.cfg.select_interval = interval::every(1000);
@@ -616,7 +595,9 @@ TEST_CASE("cuda: offload and host update overlap the device's next work" * docte
   cudaStream_t stream;
   ZF_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    optimizer<cuda_space, column_topk, fused_adamw<cuda_space>, simd_accumulator, cuda_pinned, late_lanes> opt(pb.cfg);
+    // (background jobs with a 50 ms head start: still running when a step that does not wait returns)
+    optimizer<cuda_space, column_topk, fused_adamw<cuda_space>, simd_accumulator, cuda_pinned, zf_test::late_lanes<50, 50>>
+        opt(pb.cfg);
     opt.add_matrix(pb.param());
     opt.initialize(stream);
     CHECK(opt.stats().host_pinned_bytes > 0);

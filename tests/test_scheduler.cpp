@@ -41,22 +41,7 @@ namespace {
 // A Scheduler policy of the test's own: bounded_async whose host updates take at least 30 ms
 // longer and whose gradient offloads at least 3 ms longer (the trainer meanwhile writes the next
 // step's gradients into the same buffers).
-struct slow_async : bounded_async {
-  template <class Job>
-  void launch(Job&& job) {
-    bounded_async::launch([job = std::forward<Job>(job)]() mutable {
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      job();
-    });
-  }
-  template <class Job>
-  void launch_offload(Job&& job) {
-    bounded_async::launch_offload([job = std::forward<Job>(job)]() mutable {
-      std::this_thread::sleep_for(std::chrono::milliseconds(3));
-      job();
-    });
-  }
-};
+using slow_async = late_lanes<30, 3>;
 
 template <class Sched>
 using zf_with = optimizer<host_space, column_topk, fused_adamw<host_space>, simd_accumulator, host_copy, Sched>;

@@ -444,10 +444,11 @@ class cuda_space {
   // space's, where its kernels cannot launch — refused as an argument, before anything changes,
   // instead of a launch failing midway through a step. Asked of the runtime (CUDA 12.8 and
   // later); a stream it cannot place is left to the hand-over to report, and before initialize()
-  // (the device not chosen yet) any stream is taken.
+  // (the device not chosen yet) any stream is taken. With an error pending on the thread nothing
+  // is asked (the step refuses, naming that error; the answer's clean-up below would clear it).
   std::string stream_refusal(cudaStream_t s) const {
 #if CUDART_VERSION >= 12080
-    if (!live_ || s == stream_) return {};
+    if (!live_ || s == stream_ || error_pending()) return {};
     int d = -1;
     if (cudaStreamGetDevice(s, &d) != cudaSuccess) {
       (void)cudaGetLastError();  // (that answer, not left for a later launch check to find)
