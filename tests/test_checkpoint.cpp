@@ -775,10 +775,11 @@ TEST_CASE("checkpoint: an fp32 param that is its own master must be finite in th
 }
 
 TEST_CASE("checkpoint: save refuses a state that load would refuse, and the previous file stands") {
-  // A param that is not finite at initialize() (its master is taken from it), or one the trainer
-  // writes later (an fp32 param is its selected columns' master): steps go on — only gradients
-  // are checked — but a checkpoint of that state would be refused by load. save() refuses it
-  // before the rename instead of replacing the last good file with it.
+  // A moment that overflowed (classic Adam's decay term g + wd * p squared, from a finite but
+  // absurd param), or a param the trainer writes later (an fp32 param is its selected columns'
+  // master): steps go on — only gradients are checked — but a checkpoint of that state would be
+  // refused by load. save() refuses it before the rename instead of replacing the last good file
+  // with it. (A param that is not finite at initialize() is refused there: test_robustness.)
   const std::string path = temp_path("refused_state.zfckpt");
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   config cfg;
@@ -792,30 +793,36 @@ TEST_CASE("checkpoint: save refuses a state that load would refuse, and the prev
     CHECK(file_bytes(path) == before);
     CHECK(opt.usable());  // (a save that refuses changes nothing)
   };
-  {  // a bf16 matrix with a NaN param at initialize(), beside a good one
+  {  // a bf16 matrix beside a good one, one of its params 1e30: with classic Adam and weight
+     // decay 0.01 the column's g + wd * p is 1e28, whose square is past fp32: v = inf once the
+     // column is updated (on the host or the device, by step 2: U = 2)
     std::vector<bfloat16> w(8 * 16, to_bfloat16(0.5f)), g(8 * 16, to_bfloat16(0.01f));
     std::vector<float> w1(8 * 16, 0.5f), g1(8 * 16, 0.01f);
-    optimizer<> good(cfg);
+    config classic = cfg;
+    classic.adam.mode = adam_mode::classic;
+    classic.adam.weight_decay = 0.01f;
+    optimizer<> good(classic);
     good.add_matrix({w1.data(), g1.data(), 8, 16});
     good.initialize();
     good.step();
     good.save(path);  // the last good checkpoint at the path
-    w[37] = to_bfloat16(nan);
-    optimizer<> opt(cfg);
+    w[37] = to_bfloat16(1e30f);
+    optimizer<> opt(classic);
     opt.add_matrix({w1.data(), g1.data(), 8, 16});
     opt.add_matrix({w.data(), g.data(), 8, 16, dtype::bf16, dtype::bf16});
     opt.initialize();
     opt.step();
+    opt.step();
     refused(opt, "matrix 1");
   }
-  {  // an fp32 vector holding an infinity
+  {  // an fp32 vector (its own master) the trainer wrote an infinity into
     std::vector<float> w(8 * 16, 0.5f), g(8 * 16, 0.01f), b(5, 0.0f), gb(5, 0.01f);
-    b[4] = inf;
     optimizer<> opt(cfg);
     opt.add_matrix({w.data(), g.data(), 8, 16});
     opt.add_vector({b.data(), gb.data(), 5});
     opt.initialize();
     opt.step();
+    b[4] = inf;
     refused(opt, "vector 0");
   }
   {  // an fp32 matrix param the trainer wrote a NaN into after a few steps, in a selected column

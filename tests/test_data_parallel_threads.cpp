@@ -760,11 +760,65 @@ TEST_CASE("data parallel, ranks as threads: a set whose shards exceed the open-f
 }
 #endif
 
-TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finite master refuses the save on every rank") {
-  // A param that is not finite at initialize() (replicated: on every rank) in a column of rank
-  // 1's block: the masters taken from it are in rank 1's shard, which a load would refuse. Rank 1
-  // refuses to write it, and every rank's save throws; nothing is left at the path.
+TEST_CASE("data parallel, ranks as threads: a param that is not finite in one rank's block: step() refused on every rank until a load") {
+  // Each rank checks the columns whose host state it builds (its block), so only rank 1 finds
+  // the NaN in column C0 - 1; the step's vote refuses the step on rank 0 too, nothing changed.
+  // A set saved at the start by a run without it, loaded, clears the refusal on both, and the
+  // run goes on as that one.
   const config cfg = test_config(true);
+  const gradient_source src;
+  const std::string dir = std::string(ZF_TEST_TMP_DIR) + "/unfit_params_set";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/set.ckpt";
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<unsigned char>> states(2), references(2);
+  zf_test::thread_hub hub(2);
+  zf_test::on_ranks(hub, [&](int r) {
+    model m, ref;
+    thread_optimizer<zf_test::hub_communicator> other(cfg, zf_test::hub_communicator(hub, r));
+    ref.add_to(other);
+    other.initialize();
+    other.save(path);
+    m.w0[R0 * (C0 - 1) + 2] = std::numeric_limits<float>::quiet_NaN();
+    thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    src.fill_all(m, 0, r, 0, cfg.gradient_reduction);
+    try {
+      opt.step();
+    } catch (const std::invalid_argument& e) {
+      errors[std::size_t(r)] = e.what();
+    }
+    CHECK(opt.stats().steps == 0);
+    opt.load(path);
+    for (int s = 0; s < 3; ++s) {
+      src.fill_all(m, s, r, 0, cfg.gradient_reduction);
+      src.fill_all(ref, s, r, 0, cfg.gradient_reduction);
+      opt.step();
+      other.step();
+    }
+    states[std::size_t(r)] = state_of(opt, m);
+    references[std::size_t(r)] = state_of(other, ref);
+  });
+  CHECK(errors[1].rfind("zenflow: step() refused: matrix 0's param held nan at row 2, column " + std::to_string(C0 - 1) +
+                            " at initialize(), and no checkpoint was loaded since",
+                        0) == 0);
+  CHECK(errors[0] ==
+        "zenflow: step() refused on every rank: rank 1 found a param that is not finite at initialize(), and no "
+        "checkpoint was loaded since (that rank throws where); nothing was changed");
+  for (std::size_t r = 0; r < 2; ++r) CHECK(states[r] == references[r]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finite master refuses the save on every rank") {
+  // A finite but absurd param (1e30, replicated: on every rank) in a column of rank 1's block,
+  // with classic Adam and weight decay: the host update at t = 2 squares g + wd * p = 1e28 into
+  // that column's v, infinite, in rank 1's shard, which a load would refuse. Rank 1 refuses to
+  // write it, and every rank's save throws; nothing is left at the path.
+  config cfg = test_config(true);
+  cfg.adam.mode = adam_mode::classic;
+  cfg.adam.weight_decay = 0.01f;
   const gradient_source src;
   const std::string dir = std::string(ZF_TEST_TMP_DIR) + "/nonfinite_set";
   std::filesystem::remove_all(dir);
@@ -774,12 +828,14 @@ TEST_CASE("data parallel, ranks as threads: a rank whose shard holds a non-finit
   zf_test::thread_hub hub(2);
   zf_test::on_ranks(hub, [&](int r) {
     model m;
-    m.w0[R0 * (C0 - 1) + 2] = std::numeric_limits<float>::quiet_NaN();  // column C0 - 1: rank 1's block
+    m.w0[R0 * (C0 - 1) + 2] = 1e30f;  // column C0 - 1: rank 1's block
     thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
     m.add_to(opt);
     opt.initialize();
-    src.fill_all(m, 0, r, 0, cfg.gradient_reduction);
-    opt.step();
+    for (int s = 0; s < 2; ++s) {
+      src.fill_all(m, s, r, 0, cfg.gradient_reduction);
+      opt.step();
+    }
     try {
       opt.save(path);
     } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -449,6 +450,124 @@ TEST_CASE("a failed offload fails the next step when that step is skipped too") 
   CHECK_THROWS_AS(opt.step(), std::logic_error);
 }
 
+TEST_CASE("a param that is not finite at initialize() is named by step(), which refuses it until a load") {
+  // A master taken from a NaN or an infinity would never become finite again, and no checkpoint
+  // of the state could be saved or loaded (save and load refuse non-finite masters). initialize()
+  // accepts it (a resume may initialize() over params that hold nothing yet, then load()), but
+  // step() refuses to train it, naming where it was (row and column of the matrix whatever its
+  // layout; a vector's element), with nothing changed, until a load replaces the masters; then
+  // the run goes on as one that never saw it. Paths: a host-updated matrix of each dtype (its
+  // master from the columns that come down), every column on the device from the start
+  // (topk_ratio 1, no warm-up: an fp32 param, its own master, read back; a bf16 one converted),
+  // vectors.
+  constexpr std::size_t rows = 8, cols = 16;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::string path = std::string(ZF_TEST_TMP_DIR) + "/unfit_params.zfckpt";
+  struct model {
+    std::vector<float> w0 = std::vector<float>(rows * cols), g0 = std::vector<float>(rows * cols);
+    std::vector<bfloat16> w1 = std::vector<bfloat16>(rows * cols), g1 = std::vector<bfloat16>(rows * cols);
+    std::vector<float16> w2 = std::vector<float16>(rows * cols), g2 = std::vector<float16>(rows * cols);
+    std::vector<float> b0 = std::vector<float>(5), gb0 = std::vector<float>(5);
+    std::vector<bfloat16> b1 = std::vector<bfloat16>(7), gb1 = std::vector<bfloat16>(7);
+    model() {
+      for (std::size_t k = 0; k < rows * cols; ++k) {
+        const float x = 0.25f + 0.01f * float(k % 13), g = 0.001f * float(int(k % 7) - 3) + 0.0005f * float(k % 11);
+        w0[k] = x;
+        w1[k] = to_bfloat16(x);
+        w2[k] = to_float16(x);
+        g0[k] = g;
+        g1[k] = to_bfloat16(g);
+        g2[k] = to_float16(g);
+      }
+      for (std::size_t k = 0; k < 5; ++k) b0[k] = 0.1f * float(k), gb0[k] = 0.01f;
+      for (std::size_t k = 0; k < 7; ++k) b1[k] = to_bfloat16(0.2f * float(k)), gb1[k] = to_bfloat16(-0.01f);
+    }
+    void add_to(optimizer<>& o, bool first_row_major) {
+      const matrix_param m0 = matrix(w0.data(), g0.data(), zenflow::rows{rows}, zenflow::cols{cols});
+      o.add_matrix(first_row_major ? m0.row_major() : m0);
+      o.add_matrix(matrix(w1.data(), g1.data(), zenflow::rows{rows}, zenflow::cols{cols}).row_major().dtypes(dtype::bf16, dtype::bf16));
+      o.add_matrix(matrix(w2.data(), g2.data(), zenflow::rows{rows}, zenflow::cols{cols}).dtypes(dtype::f16, dtype::f16));
+      o.add_vector({b0.data(), gb0.data(), 5});
+      o.add_vector({b1.data(), gb1.data(), 7, dtype::bf16, dtype::bf16});
+    }
+  };
+  struct poison {
+    std::function<void(model&)> write;
+    std::string want;
+  };
+  const std::vector<poison> poisons = {
+      {[&](model& m) { m.w0[5 * rows + 3] = nan; }, "matrix 0's param held nan at row 3, column 5"},
+      {[&](model& m) { m.w1[2 * cols + 7] = to_bfloat16(inf); }, "matrix 1's param held inf at row 2, column 7"},
+      {[&](model& m) { m.w2[15 * rows + 7] = to_float16(-inf); }, "matrix 2's param held -inf at row 7, column 15"},
+      {[&](model& m) { m.w2[0] = to_float16(70000.0f); }, "matrix 2's param held inf at row 0, column 0"},
+      {[&](model& m) { m.b0[4] = inf; }, "vector 0's param held inf at element 4"},
+      {[&](model& m) { m.b1[6] = to_bfloat16(nan); }, "vector 1's param held nan at element 6"},
+  };
+  for (const bool resident : {false, true}) {
+    config cfg = small_config(false);
+    if (resident) {
+      cfg.topk_ratio = 1.0;
+      cfg.full_warm_up_rounds = 0;
+    }
+    std::vector<poison> cases = poisons;
+    if (resident)  // the first matrix row-major, its fp32 param read back as it lies
+      cases.push_back({[&](model& m) { m.w0[6 * cols + 11] = -inf; },
+                       "matrix 0's param held -inf at row 6, column 11"});
+    for (std::size_t c = 0; c < cases.size(); ++c) {
+      CAPTURE(resident);
+      CAPTURE(c);
+      const bool row_major = resident && c + 1 == cases.size();
+      model m, ref;
+      optimizer<> other(cfg);
+      ref.add_to(other, row_major);
+      other.initialize();
+      other.save(path);  // the state a resume would load: good params, no step yet
+      cases[c].write(m);
+      const model poisoned = m;
+      optimizer<> opt(cfg);
+      m.add_to(opt, row_major);
+      opt.initialize();
+      const std::string want = "zenflow: step() refused: " + cases[c].want +
+                               " at initialize(), and no checkpoint was loaded since: only finite params can be "
+                               "trained (a master taken from it would never become finite again, and no checkpoint "
+                               "of it could be saved); load a checkpoint, or register finite params with a new "
+                               "optimizer. Nothing was changed";
+      for (int attempt = 0; attempt < 2; ++attempt)
+        CHECK_THROWS_WITH_AS(opt.step(), want.c_str(), std::invalid_argument);
+      CHECK(opt.stats().steps == 0);
+      CHECK(opt.usable());
+      CHECK(std::memcmp(m.w0.data(), poisoned.w0.data(), m.w0.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(m.w1.data(), poisoned.w1.data(), m.w1.size() * sizeof(bfloat16)) == 0);
+      CHECK(std::memcmp(m.w2.data(), poisoned.w2.data(), m.w2.size() * sizeof(float16)) == 0);
+      CHECK(std::memcmp(m.b0.data(), poisoned.b0.data(), m.b0.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(m.b1.data(), poisoned.b1.data(), m.b1.size() * sizeof(bfloat16)) == 0);
+      // the load writes the good params back and clears the refusal
+      opt.load(path);
+      for (int s = 0; s < 2; ++s) {
+        opt.step();
+        other.step();
+      }
+      opt.synchronize();
+      other.synchronize();
+      CHECK(m.w0 == ref.w0);
+      CHECK(std::memcmp(m.w1.data(), ref.w1.data(), m.w1.size() * sizeof(bfloat16)) == 0);
+      CHECK(std::memcmp(m.w2.data(), ref.w2.data(), m.w2.size() * sizeof(float16)) == 0);
+      CHECK(m.b0 == ref.b0);
+      CHECK(std::memcmp(m.b1.data(), ref.b1.data(), m.b1.size() * sizeof(bfloat16)) == 0);
+      CHECK(m.w0 != model().w0);  // (the steps moved the params)
+    }
+  }
+  // without the bad value, nothing is refused (the check names only what is there)
+  {
+    model m;
+    optimizer<> opt(small_config(false));
+    m.add_to(opt, false);
+    opt.initialize();
+    CHECK_NOTHROW(opt.step());
+  }
+  std::remove(path.c_str());
+}
+
 TEST_CASE("impossible vector sizes are refused at registration") {
   std::vector<float> b(16), gb(16);
   optimizer<> opt(config{});
@@ -580,7 +699,7 @@ TEST_CASE("host_copy refuses pieces of 0 bytes instead of looping") {
 }
 
 TEST_CASE("copy_* refuse a null or misaligned out, or one over a registered param or grad, and change nothing") {
-  // An fp32 matrix's param holds its selected columns' master: copying the master into it would
+  // An fp32 matrix's param held its selected columns' master: copying the master into it would
   // read columns it had just overwritten (and any copy into a registered buffer writes over the
   // trainer's model or gradients).
   std::vector<float> w(R * C, 0.25f), dw(R * C), b(C, 0.5f), db(C, 0.01f);

@@ -111,7 +111,8 @@ zf_status zf_initialize(zf_optimizer* opt) ZF_NOEXCEPT;
 
 /* One step with the gradients now in the grad buffers, which hold the loss scaled by grad_scale.
  * *applied (may be NULL) is 1 if the step was applied, 0 if skipped (a non-finite or overflowing
- * gradient: nothing changed). */
+ * gradient: nothing changed). A param that was not finite at zf_initialize makes every step
+ * ZF_INVALID_ARGUMENT (zf_last_error names where), nothing changed, until a zf_load. */
 zf_status zf_step(zf_optimizer* opt, float grad_scale, int* applied) ZF_NOEXCEPT;
 /* zf_initialize and zf_step with the space's stream: for an optimizer on a GPU (<zenflow/c_cuda.h>)
  * the trainer's cudaStream_t as void* (NULL: the default stream), which the calls without a

@@ -373,6 +373,7 @@ class optimizer {
     if (!distributed()) check_no_pending_error("step()");
     check_grad_scale(grad_scale);
     if (!refused_stream.empty()) fail(refused_stream);
+    check_fit_params();
     // (the same on every rank: applied_ is replicated)
     if (applied_ >= max_applied_steps)
       throw std::overflow_error("zenflow: step() refused: " + std::to_string(applied_) +
@@ -635,6 +636,7 @@ class optimizer {
     }
     detail::optimizer_checkpoint<optimizer>::load(*this, in);
     broken_.clear();  // a complete, checked state again
+    unfit_params_.clear();  // (its masters are the file's, checked finite)
   }
 
   // Data parallel, a load is a collective with two votes: every rank checks its file completely
@@ -1281,6 +1283,7 @@ class optimizer {
     else if (scheduler_failed()) votes[me].cannot = 2;
     else if (error_pending()) votes[me].cannot = 3;
     else if (refused) votes[me].cannot = 4;
+    else if (!unfit_params_.empty()) votes[me].cannot = 5;
     vote_bytes_.assign(R, sizeof(step_vote));
     all_gather_host(votes.data(), vote_bytes_.data());
     shared_ += std::uint64_t(R - 1) * sizeof(step_vote);
@@ -1313,6 +1316,12 @@ class optimizer {
       if (votes[r].cannot == 4)
         fail("step() refused on every rank: rank " + std::to_string(r) +
              "'s call passed an argument it refuses (that rank throws why); nothing was changed");
+    if (votes[me].cannot == 5) check_fit_params();
+    for (std::size_t r = 0; r < R; ++r)
+      if (votes[r].cannot == 5)
+        fail("step() refused on every rank: rank " + std::to_string(r) +
+             " found a param that is not finite at initialize(), and no checkpoint was loaded since (that rank "
+             "throws where); nothing was changed");
     for (std::size_t r = 0; r < R; ++r) {
       if (grad_scale_ok(votes[r].scale)) continue;
       if (r == me) check_grad_scale(grad_scale);
@@ -1576,6 +1585,7 @@ class optimizer {
       dev_stage_ = {};
       host_.release_stage();
     }
+    note_non_finite_vectors();
     updater_.load_vectors(space_);
     if constexpr (Scheduler::concurrent) {
       if (cfg_.overlap_step) {
@@ -1685,6 +1695,7 @@ class optimizer {
     }
     async_offload_ = false;
     any_selected_ = false;
+    unfit_params_.clear();
     unselected_.clear();
     selected_.clear();
     iota_.clear();
@@ -1715,12 +1726,19 @@ class optimizer {
     space_.upload(d.columns[0].data(), selected_[i].data(), 4 * p.cols);
     d.cur = 0;
     d.active = p.cols;
-    if (d.param_master) return;  // the fp32 param is the master already
+    if (d.param_master) {  // the fp32 param is the master already: only checked
+      first_non_finite(p.param, p.param_type, p.rows * p.cols, [&](std::size_t k, float x) {
+        const bool by_column = p.layout == matrix_layout::column_contiguous;
+        note_non_finite_matrix(i, x, by_column ? k % p.rows : k / p.cols, by_column ? k / p.rows : k % p.cols);
+      });
+      return;
+    }
     // the master from the params, through the staging areas a chunk at a time
     std::vector<float> master;
     columns_down(i, p.param, p.param_type, all_dev(i), p.cols, [&](std::size_t c0, std::size_t m) {
       master.resize(m * p.rows);
       host::convert(host_.arena(), {host_.stage(), p.param_type, master.data(), dtype::f32}, m * p.rows);
+      note_non_finite(master.data(), m * p.rows, i, c0);
       transport_.to_device(dev_stage_.data(), master.data(), 4 * m * p.rows);
       space_.move_slots(d.master[0].data() + c0 * p.rows, nullptr, dev_stage_.data(), nullptr, m, 4 * p.rows);
     });
@@ -2131,10 +2149,71 @@ class optimizer {
   void load_master(std::size_t i) {
     const matrix_param& p = matrices_[i];
     float* master = host_.matrix(i).master.data();
-    columns_down(i, p.param, p.param_type, all_dev(i) + col_begin(i, comm_.rank()), host_.matrix(i).cols,
+    const std::size_t first = col_begin(i, comm_.rank());
+    columns_down(i, p.param, p.param_type, all_dev(i) + first, host_.matrix(i).cols,
                  [&](std::size_t c0, std::size_t m) {
       host::convert(host_.arena(), {host_.stage(), p.param_type, master + c0 * p.rows, dtype::f32}, m * p.rows);
+      note_non_finite(master + c0 * p.rows, m * p.rows, i, first + c0);
     });
+  }
+
+  // initialize() takes each master from its param. One that is not finite (a NaN, an infinity:
+  // garbage in the buffer, or a 16-bit value past its range) is noted, naming where, and step()
+  // refuses to train it until a load replaces the masters (a resume may well initialize() over
+  // params that hold nothing yet and load() after): it would never become finite again, and no
+  // checkpoint of it could be saved or loaded. `x`: the fp32 values of matrix i's columns from
+  // `col` on, column by column (rows values each).
+  void note_non_finite(const float* x, std::size_t count, std::size_t i, std::size_t col) {
+    if (!unfit_params_.empty()) return;  // (the first one found is the one reported)
+    unsigned bad = 0;
+    for (std::size_t k = 0; k < count; ++k) bad |= unsigned(!std::isfinite(x[k]));  // (no early exit: it vectorises)
+    if (!bad) return;
+    const std::size_t rows = matrices_[i].rows;
+    std::size_t k = 0;
+    while (std::isfinite(x[k])) ++k;
+    note_non_finite_matrix(i, x[k], k % rows, col + k / rows);
+  }
+  void note_non_finite_matrix(std::size_t i, float x, std::size_t row, std::size_t col) {
+    unfit_params_ = "matrix " + std::to_string(i) + "'s param held " + detail::exact(x) + " at row " +
+                    std::to_string(row) + ", column " + std::to_string(col);
+  }
+  // A device buffer of n values of dtype t, read back a piece at a time (on the host space, a
+  // copy): found(k, value) for its first value that is not finite, if any. (Vectors are small; a
+  // matrix read this way is one the device updates alone, read once, here.)
+  template <class Found>
+  void first_non_finite(const void* src, dtype t, std::size_t n, Found found) {
+    if (!unfit_params_.empty()) return;
+    visit_dtype(t, [&](auto tag) {
+      using P = typename decltype(tag)::type;
+      constexpr std::size_t most = std::size_t(1) << 20;  // values a piece
+      std::vector<P> piece(std::min(most, n));
+      for (std::size_t e0 = 0; e0 < n; e0 += most) {
+        const std::size_t m = std::min(most, n - e0);
+        space_.download(piece.data(), static_cast<const P*>(src) + e0, m * sizeof(P));
+        unsigned wrong = 0;
+        for (std::size_t k = 0; k < m; ++k) wrong |= unsigned(!std::isfinite(static_cast<float>(piece[k])));
+        if (!wrong) continue;
+        std::size_t k = 0;
+        while (std::isfinite(static_cast<float>(piece[k]))) ++k;
+        found(e0 + k, static_cast<float>(piece[k]));
+        return;
+      }
+    });
+  }
+  void note_non_finite_vectors() {
+    for (std::size_t v = 0; v < vectors_.size(); ++v)
+      first_non_finite(vectors_[v].param, vectors_[v].param_type, vectors_[v].n, [&](std::size_t k, float x) {
+        unfit_params_ = "vector " + std::to_string(v) + "'s param held " + detail::exact(x) + " at element " +
+                        std::to_string(k);
+      });
+  }
+  // step()'s refusal of such a state, before anything changes
+  void check_fit_params() const {
+    if (unfit_params_.empty()) return;
+    fail("step() refused: " + unfit_params_ +
+         " at initialize(), and no checkpoint was loaded since: only finite params can be trained (a master taken "
+         "from it would never become finite again, and no checkpoint of it could be saved); load a checkpoint, or "
+         "register finite params with a new optimizer. Nothing was changed");
   }
 
   // Raw gradient columns list[0..n) of matrix i -> acc[which] += raw * factor.
@@ -2701,6 +2780,9 @@ class optimizer {
   std::vector<vector_param> vectors_;
   detail::registered_buffers buffers_;
   std::string broken_;  // why the optimizer refuses further work (empty: it does not)
+  // where initialize() found a param that is not finite on this rank (empty: none), which
+  // step() refuses to train until a load replaces the masters taken from it
+  std::string unfit_params_;
   // host mirrors of each matrix's column lists: unselected, selected (ascending)
   std::vector<std::vector<std::uint32_t>> unselected_, selected_;
   std::vector<std::uint32_t> iota_;  // 0, 1, 2, ...: every column of any matrix
