@@ -620,6 +620,30 @@ TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window 
   std::remove(path.c_str());
 }
 
+// The two tests of a file rewritten during a load: a 6 x 9 matrix and a 5-vector, trained with
+// a gradient of step t.
+config rewrite_config() {
+  config cfg;
+  cfg.topk_ratio = 0.25;
+  cfg.overlap_step = false;
+  return cfg;
+}
+struct rewrite_run {
+  static constexpr std::size_t R = 6, C = 9, V = 5;
+  std::vector<float> w, g, b, gb;
+  optimizer<> opt;
+  explicit rewrite_run(const config& c) : w(R * C, 0.5f), g(R * C), b(V, -0.25f), gb(V), opt(c) {
+    opt.add_matrix({w.data(), g.data(), R, C});
+    opt.add_vector({b.data(), gb.data(), V});
+    opt.initialize();
+  }
+  void step(int t) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float((i * 7 + std::size_t(t)) % 11) - 0.05f;
+    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = 0.02f * float(i) - 0.03f * float(t % 3);
+    opt.step();
+  }
+};
+
 // A file rewritten in place while it is being loaded: the first pass checked the old bytes, the
 // second finds others after part of the state was written (here the matrices, before the vector
 // whose bytes changed). The load throws, and the optimizer refuses step() and save() — its state
@@ -628,25 +652,8 @@ TEST_CASE("checkpoint: a Zen-auto sum that is not finite is refused (the window 
 TEST_CASE("checkpoint: a file changed between the two passes of a load is refused, and so is further work until a load succeeds") {
   const std::string path = temp_path("changing.zfckpt"), other = temp_path("changing-other.zfckpt");
   std::remove(other.c_str());  // (one an earlier, failed run may have left)
-  const std::size_t R = 6, C = 9, V = 5;
-  config cfg;
-  cfg.topk_ratio = 0.25;
-  cfg.overlap_step = false;
-  struct run {
-    std::vector<float> w, g, b, gb;
-    optimizer<> opt;
-    explicit run(const config& c) : w(R * C, 0.5f), g(R * C), b(V, -0.25f), gb(V), opt(c) {
-      opt.add_matrix({w.data(), g.data(), R, C});
-      opt.add_vector({b.data(), gb.data(), V});
-      opt.initialize();
-    }
-    void step(int t) {
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float((i * 7 + std::size_t(t)) % 11) - 0.05f;
-      for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = 0.02f * float(i) - 0.03f * float(t % 3);
-      opt.step();
-    }
-  };
-  run a(cfg), b(cfg);
+  const config cfg = rewrite_config();
+  rewrite_run a(cfg), b(cfg);
   for (int t = 0; t < 3; ++t) a.step(t);
   a.opt.save(path);
   std::vector<unsigned char> img;
@@ -677,43 +684,26 @@ TEST_CASE("checkpoint: a file rewritten between the passes with another valid ch
   // checksums can tell that the state being committed is not the one that was checked (and whose
   // counters the load takes). The load fails and the optimizer refuses work until a load succeeds.
   const std::string path = temp_path("rewritten.zfckpt"), other = temp_path("rewritten-other.zfckpt");
-  const std::size_t R = 6, C = 9, V = 5;
-  config cfg;
-  cfg.topk_ratio = 0.25;
-  cfg.overlap_step = false;
-  std::vector<float> w(R * C, 0.5f), g(R * C), b(V, -0.25f), gb(V);
-  optimizer<> a(cfg);
-  a.add_matrix({w.data(), g.data(), R, C});
-  a.add_vector({b.data(), gb.data(), V});
-  a.initialize();
-  auto step = [&](int t) {
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float((i * 7 + std::size_t(t)) % 11) - 0.05f;
-    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = 0.02f * float(i) - 0.03f * float(t % 3);
-    a.step();
-  };
-  for (int t = 0; t < 3; ++t) step(t);
-  a.save(path);
-  for (int t = 3; t < 6; ++t) step(t);
-  a.save(other);
+  const config cfg = rewrite_config();
+  rewrite_run a(cfg), o(cfg);
+  for (int t = 0; t < 3; ++t) a.step(t);
+  a.opt.save(path);
+  for (int t = 3; t < 6; ++t) a.step(t);
+  a.opt.save(other);
   std::vector<unsigned char> img = file_bytes(path);
   const std::vector<unsigned char> later = file_bytes(other);
   REQUIRE(later.size() == img.size());  // the same shape: only the contents differ
   REQUIRE(later != img);
-  std::vector<float> w2(R * C, 0.5f), g2(R * C), b2(V, -0.25f), gb2(V);
-  optimizer<> o(cfg);
-  o.add_matrix({w2.data(), g2.data(), R, C});
-  o.add_vector({b2.data(), gb2.data(), V});
-  o.initialize();
   ckpt::input in(img.data(), img.size(), "rewritten");
   in.on_rewind([&] { std::memcpy(img.data(), later.data(), img.size()); });
-  CHECK_THROWS_WITH_AS(detail::optimizer_checkpoint<optimizer<>>::load(o, in),
+  CHECK_THROWS_WITH_AS(detail::optimizer_checkpoint<optimizer<>>::load(o.opt, in),
                        doctest::Contains("changed while it was being loaded"), checkpoint_error);
-  CHECK_THROWS_WITH_AS(o.step(), doctest::Contains("load a checkpoint to go on"), std::logic_error);
+  CHECK_THROWS_WITH_AS(o.opt.step(), doctest::Contains("load a checkpoint to go on"), std::logic_error);
   // the file as it now is loads whole: the state after 6 steps
-  o.load(other);
-  CHECK(o.applied_steps() == 6);
-  CHECK(w2 == w);
-  CHECK(b2 == b);
+  o.opt.load(other);
+  CHECK(o.opt.applied_steps() == 6);
+  CHECK(o.w == a.w);
+  CHECK(o.b == a.b);
   std::remove(path.c_str());
   std::remove(other.c_str());
 }
