@@ -769,7 +769,7 @@ TEST_CASE("checkpoint: save refuses a state that load would refuse, and the prev
   // absurd param), or a param the trainer writes later (an fp32 param is its selected columns'
   // master): steps go on — only gradients are checked — but a checkpoint of that state would be
   // refused by load. save() refuses it before the rename instead of replacing the last good file
-  // with it. (A param that is not finite at initialize() is refused there: test_robustness.)
+  // with it. (A param that is not finite at initialize() makes step() refuse: test_robustness.)
   const std::string path = temp_path("refused_state.zfckpt");
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   config cfg;

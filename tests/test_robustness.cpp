@@ -541,7 +541,10 @@ TEST_CASE("a param that is not finite at initialize() is named by step(), which 
       CHECK(std::memcmp(m.w2.data(), poisoned.w2.data(), m.w2.size() * sizeof(float16)) == 0);
       CHECK(std::memcmp(m.b0.data(), poisoned.b0.data(), m.b0.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(m.b1.data(), poisoned.b1.data(), m.b1.size() * sizeof(bfloat16)) == 0);
-      // the load writes the good params back and clears the refusal
+      // a load that fails changes nothing, the refusal included; one that succeeds writes the
+      // good params back and clears it
+      CHECK_THROWS_AS(opt.load(path + ".missing"), checkpoint_error);
+      CHECK_THROWS_WITH_AS(opt.step(), want.c_str(), std::invalid_argument);
       opt.load(path);
       for (int s = 0; s < 2; ++s) {
         opt.step();
@@ -557,15 +560,69 @@ TEST_CASE("a param that is not finite at initialize() is named by step(), which 
       CHECK(m.w0 != model().w0);  // (the steps moved the params)
     }
   }
-  // without the bad value, nothing is refused (the check names only what is there)
+  // without the bad value, nothing is refused (the check names only what is there); with two,
+  // the first found is named: matrices before vectors, in registration order
   {
     model m;
     optimizer<> opt(small_config(false));
     m.add_to(opt, false);
     opt.initialize();
     CHECK_NOTHROW(opt.step());
+    model two;
+    two.b0[1] = nan;
+    two.w2[9] = to_float16(inf);
+    optimizer<> named(small_config(false));
+    two.add_to(named, false);
+    named.initialize();
+    CHECK_THROWS_WITH_AS(named.step(), doctest::Contains("matrix 2's param held inf at row 1, column 1 at initialize()"),
+                         std::invalid_argument);
   }
   std::remove(path.c_str());
+}
+
+TEST_CASE("a param that is not finite at initialize(): in buffers of many blocks, the lowest index is named") {
+  // The scans run in blocks on several threads (host_space: 2^16 values a block); whichever
+  // block finishes first, the value named is the first in the buffer (a vector's element, or
+  // a matrix's column-major position for the host's columns, its own layout's order for a
+  // matrix the device updates alone). Three bad values each, in blocks 2, 5 and 11 (first
+  // placed last in memory order of writing, so a "last write wins" would show).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::size_t n = std::size_t(12) << 16, rows = 256, cols = n / rows;
+  const std::vector<std::size_t> at = {std::size_t(11) << 16 | 5, std::size_t(5) << 16 | 77, std::size_t(2) << 16 | 1234};
+  for (const bool resident : {false, true}) {
+    CAPTURE(resident);
+    config cfg = small_config(false);
+    cfg.host_threads = 4;
+    if (resident) {
+      cfg.topk_ratio = 1.0;
+      cfg.full_warm_up_rounds = 0;
+    }
+    std::vector<float> w(n, 0.5f), g(n, 0.01f), b(n, 0.25f), gb(n, 0.01f);
+    {  // the vector
+      for (const std::size_t k : at) b[k] = k == at[1] ? nan : inf;
+      optimizer<> opt(cfg);
+      opt.add_matrix(matrix(w.data(), g.data(), zenflow::rows{rows}, zenflow::cols{cols}).row_major());
+      opt.add_vector({b.data(), gb.data(), n});
+      opt.initialize();
+      const std::string want = "vector 0's param held inf at element " + std::to_string(at[2]) + " at initialize()";
+      CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains(want.c_str()), std::invalid_argument);
+      std::fill(b.begin(), b.end(), 0.25f);
+    }
+    {  // the matrix, row-major: [rows][cols]
+      for (const std::size_t k : at) w[k] = k == at[1] ? nan : -inf;
+      optimizer<> opt(cfg);
+      opt.add_matrix(matrix(w.data(), g.data(), zenflow::rows{rows}, zenflow::cols{cols}).row_major());
+      opt.initialize();
+      // host columns: the lowest column, then row; the device's own: the lowest row-major index
+      std::size_t first = at[0];
+      for (const std::size_t k : at)
+        if (resident ? k < first : (k % cols < first % cols || (k % cols == first % cols && k / cols < first / cols)))
+          first = k;
+      const std::string want = "matrix 0's param held " + std::string(first == at[1] ? "nan" : "-inf") + " at row " +
+                               std::to_string(first / cols) + ", column " + std::to_string(first % cols) + " at initialize()";
+      CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains(want.c_str()), std::invalid_argument);
+    }
+  }
 }
 
 TEST_CASE("impossible vector sizes are refused at registration") {

@@ -200,4 +200,22 @@ template <> ZF_HD ZF_FORCEINLINE bfloat16 from_float<bfloat16>(float x) noexcept
 template <> ZF_HD ZF_FORCEINLINE float16 from_float<float16>(float x) noexcept { return to_float16(x); }
 ZF_HD ZF_FORCEINLINE float to_float(float x) noexcept { return x; }
 
+namespace detail {
+// Whether a value of a param dtype is a NaN or an infinity (from its fp32 bits: no comparison
+// that a build told to assume finite arithmetic could fold away).
+template <class P>
+ZF_HD ZF_FORCEINLINE bool not_finite(P x) noexcept {
+  return (bits_of(to_float(x)) & 0x7f800000u) == 0x7f800000u;
+}
+// The index of the first value of x[b, e) that is not finite, or e.
+template <class P>
+std::size_t first_non_finite_in(const P* x, std::size_t b, std::size_t e) noexcept {
+  unsigned bad = 0;
+  for (std::size_t k = b; k < e; ++k) bad |= unsigned(not_finite(x[k]));  // (branch-free: the common case)
+  if (!bad) return e;
+  while (!not_finite(x[b])) ++b;
+  return b;
+}
+}  // namespace detail
+
 }  // namespace zenflow

@@ -1248,7 +1248,8 @@ class optimizer {
   }
   // Data parallel, before a step's first collective: each rank's grad_scale, its learning rate
   // (set_lr) and whether it can step (no step failed midway there; no background job's error
-  // already waiting; no error an earlier call left on its thread), gathered (12 bytes a rank, in
+  // already waiting; no error an earlier call left on its thread; no argument refused; no param
+  // that was not finite at initialize() since the last load), gathered (12 bytes a rank, in
   // bytes_reduced), so that every rank decides alike. A rank that cannot step, a grad_scale that
   // is invalid on some rank, or grad_scales or learning rates that differ (the ranks would apply
   // different updates to what must stay the same state) make every rank throw here, nothing
@@ -1261,7 +1262,8 @@ class optimizer {
     float lr;
     // 1: a step failed midway; 2: a background job's error waits; 3: an earlier call left an
     // error on the thread (error_pending: a CUDA error nobody checked); 4: a wrapper refused an
-    // argument of this rank's call (refuse_step)
+    // argument of this rank's call (refuse_step, or step(stream)'s stream); 5: a param that was
+    // not finite at initialize(), no load since (check_fit_params)
     std::uint32_t cannot;
   };
   static_assert(sizeof(step_vote) == 12);
@@ -2162,42 +2164,40 @@ class optimizer {
   // refuses to train it until a load replaces the masters (a resume may well initialize() over
   // params that hold nothing yet and load() after): it would never become finite again, and no
   // checkpoint of it could be saved or loaded. `x`: the fp32 values of matrix i's columns from
-  // `col` on, column by column (rows values each).
+  // `col` on, column by column (rows values each), in host memory (scanned on the host threads).
   void note_non_finite(const float* x, std::size_t count, std::size_t i, std::size_t col) {
     if (!unfit_params_.empty()) return;  // (the first one found is the one reported)
-    unsigned bad = 0;
-    for (std::size_t k = 0; k < count; ++k) bad |= unsigned(!std::isfinite(x[k]));  // (no early exit: it vectorises)
-    if (!bad) return;
-    const std::size_t rows = matrices_[i].rows;
-    std::size_t k = 0;
-    while (std::isfinite(x[k])) ++k;
-    note_non_finite_matrix(i, x[k], k % rows, col + k / rows);
+    const std::size_t k = host_space::first_non_finite(host_.arena(), x, count);
+    if (k < count) note_non_finite_matrix(i, x[k], k % matrices_[i].rows, col + k / matrices_[i].rows);
   }
   void note_non_finite_matrix(std::size_t i, float x, std::size_t row, std::size_t col) {
     unfit_params_ = "matrix " + std::to_string(i) + "'s param held " + detail::exact(x) + " at row " +
                     std::to_string(row) + ", column " + std::to_string(col);
   }
-  // A device buffer of n values of dtype t, read back a piece at a time (on the host space, a
-  // copy): found(k, value) for its first value that is not finite, if any. (Vectors are small; a
-  // matrix read this way is one the device updates alone, read once, here.)
+  // A param buffer of the space (n values of dtype t): found(k, value) for its first value that
+  // is not finite, if any. The space scans it where it lies (cuda_space: a pass on the device, 8
+  // bytes back); a space without first_non_finite() has it read back a piece at a time.
   template <class Found>
   void first_non_finite(const void* src, dtype t, std::size_t n, Found found) {
-    if (!unfit_params_.empty()) return;
+    if (!unfit_params_.empty() || n == 0) return;
     visit_dtype(t, [&](auto tag) {
       using P = typename decltype(tag)::type;
-      constexpr std::size_t most = std::size_t(1) << 20;  // values a piece
-      std::vector<P> piece(std::min(most, n));
-      for (std::size_t e0 = 0; e0 < n; e0 += most) {
-        const std::size_t m = std::min(most, n - e0);
-        space_.download(piece.data(), static_cast<const P*>(src) + e0, m * sizeof(P));
-        unsigned wrong = 0;
-        for (std::size_t k = 0; k < m; ++k) wrong |= unsigned(!std::isfinite(static_cast<float>(piece[k])));
-        if (!wrong) continue;
-        std::size_t k = 0;
-        while (std::isfinite(static_cast<float>(piece[k]))) ++k;
-        found(e0 + k, static_cast<float>(piece[k]));
-        return;
+      P value;
+      std::size_t k = n;
+      if constexpr (requires { { space_.first_non_finite(src, t, n) } -> std::convertible_to<std::size_t>; }) {
+        k = space_.first_non_finite(src, t, n);
+        if (k < n) space_.download(&value, static_cast<const P*>(src) + k, sizeof(P));
+      } else {
+        constexpr std::size_t most = std::size_t(1) << 20;  // values a piece
+        std::vector<P> piece(std::min(most, n));
+        for (std::size_t e0 = 0; e0 < n && k == n; e0 += most) {
+          const std::size_t m = std::min(most, n - e0);
+          space_.download(piece.data(), static_cast<const P*>(src) + e0, m * sizeof(P));
+          const std::size_t at = detail::first_non_finite_in(piece.data(), 0, m);
+          if (at < m) k = e0 + at, value = piece[at];
+        }
       }
+      if (k < n) found(k, static_cast<float>(value));
     });
   }
   void note_non_finite_vectors() {

@@ -111,6 +111,17 @@ __global__ void for_each(std::size_t n, F f) {
     f(i);
 }
 
+// for_each's body for cuda_space::first_non_finite: the lowest index of a value that is not
+// finite, into *first (which starts at n).
+template <class P>
+struct first_non_finite_fn {
+  const P* x;
+  unsigned long long* first;
+  __device__ void operator()(std::size_t i) const {
+    if (detail::not_finite(x[i])) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+};
+
 // Element type of a given size, moved as raw bits.
 template <std::size_t Bytes>
 struct word;
@@ -500,6 +511,22 @@ class cuda_space {
     if (!bytes) return;
     ZF_CUDA_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
     fence();
+  }
+
+  // The index of the first of n values of dtype t at p (device memory) that is not finite, or
+  // n: initialize()'s check of the params it takes masters from, one pass on the device and 8
+  // bytes back (complete on return, in the stream's order).
+  std::size_t first_non_finite(const void* p, dtype t, std::size_t n) {
+    if (n == 0) return 0;
+    device_array<unsigned long long> first(1);
+    unsigned long long got = n;
+    upload(first.data(), &got, sizeof got);
+    visit_dtype(t, [&](auto tag) {
+      using P = typename decltype(tag)::type;
+      parallel_for(n, cuda_kernels::first_non_finite_fn<P>{static_cast<const P*>(p), first.data()});
+    });
+    download(&got, first.data(), sizeof got);
+    return std::size_t(got);
   }
 
   // Columns list[0..n) (a device list) of a device matrix into a compact [n][rows] block, and back.

@@ -2,6 +2,8 @@
 // everything is tested without a GPU, and a CPU-only training backend in its own right.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -52,6 +54,31 @@ class host_space {
         for (std::size_t i = r.begin(); i != r.end(); ++i) f(i);
       });
     });
+  }
+
+  // The index of the first of n values of dtype t at p that is not finite (a NaN, an
+  // infinity), or n: initialize()'s check of the params it takes masters from (read in place,
+  // on the space's threads).
+  std::size_t first_non_finite(const void* p, dtype t, std::size_t n) {
+    std::size_t first = n;
+    visit_dtype(t, [&](auto tag) { first = first_non_finite(arena_, static_cast<const typename decltype(tag)::type*>(p), n); });
+    return first;
+  }
+  // The same for host memory, on the threads of `arena`.
+  template <class P>
+  static std::size_t first_non_finite(tbb::task_arena& arena, const P* x, std::size_t n) {
+    constexpr std::size_t block = std::size_t(1) << 16;
+    if (n <= block) return detail::first_non_finite_in(x, 0, n);
+    std::atomic<std::size_t> lowest{n};
+    arena.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, (n + block - 1) / block), [&](const tbb::blocked_range<std::size_t>& r) {
+        const std::size_t e = std::min(n, r.end() * block), k = detail::first_non_finite_in(x, r.begin() * block, e);
+        std::size_t seen = lowest.load(std::memory_order_relaxed);
+        while (k < e && k < seen && !lowest.compare_exchange_weak(seen, k, std::memory_order_relaxed)) {
+        }
+      });
+    });
+    return lowest.load();
   }
 
   // ---- the primitives the optimizer orders (a GPU space enqueues them on its stream) ----------
