@@ -808,6 +808,23 @@ TEST_CASE("data parallel, ranks as threads: a param that is not finite in one ra
         "zenflow: step() refused on every rank: rank 1 found a param that is not finite at initialize(), and no "
         "checkpoint was loaded since (that rank throws where); nothing was changed");
   for (std::size_t r = 0; r < 2; ++r) CHECK(states[r] == references[r]);
+  // a vector is checked whole on every rank: each names it itself
+  zf_test::on_ranks(hub, [&](int r) {
+    model m;
+    m.b2[3] = std::numeric_limits<float>::infinity();
+    thread_optimizer<zf_test::hub_communicator> opt(cfg, zf_test::hub_communicator(hub, r));
+    m.add_to(opt);
+    opt.initialize();
+    src.fill_all(m, 0, r, 0, cfg.gradient_reduction);
+    errors[std::size_t(r)].clear();
+    try {
+      opt.step();
+    } catch (const std::invalid_argument& e) {
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r)
+    CHECK(errors[r].rfind("zenflow: step() refused: vector 0's param held inf at element 3 at initialize()", 0) == 0);
   std::filesystem::remove_all(dir);
 }
 
