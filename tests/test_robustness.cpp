@@ -584,8 +584,9 @@ TEST_CASE("a param that is not finite at initialize(): in buffers of many blocks
   // The scans run in blocks on several threads (host_space: 2^16 values a block); whichever
   // block finishes first, the value named is the first in the buffer (a vector's element, or
   // a matrix's column-major position for the host's columns, its own layout's order for a
-  // matrix the device updates alone). Three bad values each, in blocks 2, 5 and 11 (first
-  // placed last in memory order of writing, so a "last write wins" would show).
+  // matrix the device updates alone). Three bad values each, in blocks 2, 5 and 11 of the
+  // buffer, listed from the highest: a scan that kept whichever block answered last, or the
+  // first value listed, would name another.
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::size_t n = std::size_t(12) << 16, rows = 256, cols = n / rows;
   const std::vector<std::size_t> at = {std::size_t(11) << 16 | 5, std::size_t(5) << 16 | 77, std::size_t(2) << 16 | 1234};
