@@ -284,7 +284,8 @@ int main(int argc, char** argv) try {
   // the same bytes between device memory and one page-locked buffer (the link's own speed):
   //  - d2h: stream_to_host (the offload lane: pieces into the two pinned lane buffers, each
   //    handed to a consumer that does nothing, so only the transport is timed);
-  //  - h2d: to_device from pageable memory (each piece copied into a pinned buffer, then DMA);
+  //  - h2d: fill_to_device with a fill that writes nothing (the pinned pieces' DMA alone); to_device
+//    from pageable memory (each piece copied into a pinned buffer, then DMA);
   //    and the boundary upload's rounding of fp32 masters to bf16, through a pageable stage and
   //    to_device, or straight into the pinned buffer with fill_to_device.
   // Piece sizes: the optimizer's (columns of the largest matrix that fit its staging, ~2 MB at
@@ -334,6 +335,12 @@ int main(int argc, char** argv) try {
           tr.to_device(d.data() + off, stage.data(), len);
         }
       });
+      // The transport's own upload: fill_to_device with a fill that writes nothing (the pinned
+      // pieces and their DMA only), the direction's counterpart of stream_to_host.
+      const double upload = wall([&] {
+        for (std::size_t off = 0; off < bytes; off += piece)
+          tr.fill_to_device(d.data() + off, std::min(piece, bytes - off), [](void*) {});
+      });
       const double filled = wall([&] {
         for (std::size_t off = 0; off < bytes; off += piece) {
           const std::size_t len = std::min(piece, bytes - off);
@@ -341,7 +348,8 @@ int main(int argc, char** argv) try {
         }
       });
       for (auto [dir, path, t, plain] :
-           {std::tuple{"d2h", "stream_to_host", d2h, plain_d2h}, std::tuple{"h2d", "to_device_pageable", h2d, plain_h2d},
+           {std::tuple{"d2h", "stream_to_host", d2h, plain_d2h}, std::tuple{"h2d", "fill_to_device", upload, plain_h2d},
+            std::tuple{"h2d", "to_device_pageable", h2d, plain_h2d},
             std::tuple{"h2d", "round_stage_to_device", staged, plain_h2d},
             std::tuple{"h2d", "round_fill_to_device", filled, plain_h2d}})
         std::printf("{%s\"kernel\":\"transport\",\"direction\":\"%s\",\"path\":\"%s\",\"piece_bytes\":%zu,"
