@@ -14,7 +14,9 @@
 //    each matrix's selection in ascending order.
 //  - update: one launch computes each selected column's coefficients and advances its count,
 //    one launch updates every selected column of every matrix and every vector (a multi-tensor
-//    table), with the ZF_HD element body the host space runs (column_adamw_element).
+//    table), with the ZF_HD element body the host space runs (column_adamw_element); a
+//    row-major matrix's selected columns go in tiles of 32 slots x 64 rows through shared
+//    memory, so that both its rows and the slots' state are read along their lines.
 // All memory is allocated in allocate(); nothing is allocated per step.
 #pragma once
 
@@ -69,7 +71,7 @@ struct update_segment {
   const std::uint32_t* columns;  // matrix: the slots' columns; null for a vector
   const adamw_coeffs* coeffs;    // matrix: per slot
   adamw_coeffs vector_coeffs;
-  std::uint64_t rows, cols, n;  // a vector: rows = chunk, n = length
+  std::uint64_t rows, cols, n;  // a vector: rows = chunk, n = length; a matrix: n = its active slots
   std::uint64_t block0;         // first block
   dtype ptype, gtype;
   matrix_layout layout;
@@ -499,6 +501,84 @@ __device__ __forceinline__ void update_column_quads(P* __restrict__ param, const
   }
 }
 
+// Selected columns of a row-major matrix, in tiles of 32 slots x 64 rows, one block (8 warps)
+// each: there a selected column is one element a row, so the gradient and param are read and
+// written with the lanes of a warp on 32 slots of one row (sectors taken in order along the row),
+// and the slots' state ([slot][rows]) with the lanes on 32 rows of one slot (whole lines); the
+// values cross between the two through shared memory. The element arithmetic is
+// column_adamw_element's, in the same order for each element: the same bits.
+inline constexpr std::uint64_t tile_slots = 32, tile_rows = 64;
+struct row_tile_shared {
+  float grad[tile_rows][tile_slots + 1];
+  alignas(16) unsigned char param[tile_rows * (tile_slots + 1) * sizeof(float)];  // a P[64][33]
+};
+inline std::uint64_t row_major_tiles(std::uint64_t slots, std::uint64_t rows) {
+  return (slots + tile_slots - 1) / tile_slots * ((rows + tile_rows - 1) / tile_rows);
+}
+
+template <class P, class G>
+__device__ __forceinline__ void update_row_major_tile(const update_segment& s, std::uint64_t b, float factor,
+                                                      row_tile_shared& sh) {
+  P* __restrict__ param = static_cast<P*>(s.param);
+  const G* __restrict__ grad = static_cast<const G*>(s.grad);
+  float* __restrict__ master = s.master;
+  float* __restrict__ exp_avg = s.exp_avg;
+  float* __restrict__ exp_avg_sq = s.exp_avg_sq;
+  const std::uint64_t rows = s.rows, cols = s.cols, k = s.n;  // (a matrix's n: its active slots)
+  const std::uint64_t row_tiles = (rows + tile_rows - 1) / tile_rows;
+  const std::uint64_t j0 = b / row_tiles * tile_slots, r0 = b % row_tiles * tile_rows;
+  const unsigned x = threadIdx.x % 32, y = threadIdx.x / 32;
+  P(*tile)[tile_slots + 1] = reinterpret_cast<P(*)[tile_slots + 1]>(sh.param);
+  bool own_master = false;  // an fp32 param is its own master
+  if constexpr (std::is_same_v<P, float>) own_master = master == nullptr;
+  // lanes on slots: the gradient (and an own-master param) of rows r0 + y + 8u of slot j0 + x
+  const bool has = j0 + x < k;
+  const std::uint64_t c = has ? std::uint64_t(s.columns[j0 + x]) : 0;
+  if (has) {
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) {
+      const std::uint64_t r = r0 + y + 8 * u;
+      if (r < rows) {
+        sh.grad[y + 8 * u][x] = to_float(grad[r * cols + c]);
+        if (own_master) tile[y + 8 * u][x] = param[r * cols + c];
+      }
+    }
+  }
+  __syncthreads();
+  // lanes on rows: slot j0 + y + 8t, rows r0 + x and r0 + 32 + x
+#pragma unroll
+  for (unsigned t = 0; t < 4; ++t) {
+    const unsigned sl = y + 8 * t;
+    const std::uint64_t j = j0 + sl;
+    if (j >= k) continue;
+    const adamw_coeffs co = s.coeffs[j];
+#pragma unroll
+    for (unsigned h = 0; h < 2; ++h) {
+      const unsigned rr = x + 32 * h;
+      const std::uint64_t r = r0 + rr, e = j * rows + r;
+      if (r >= rows) continue;
+      const float g = mul_rn(sh.grad[rr][sl], factor);
+      if (own_master) {
+        float w = to_float(tile[rr][sl]);
+        adamw_update(w, exp_avg[e], exp_avg_sq[e], g, co);
+        tile[rr][sl] = from_float<P>(w);
+      } else {
+        adamw_update(master[e], exp_avg[e], exp_avg_sq[e], g, co);
+        tile[rr][sl] = from_float<P>(master[e]);
+      }
+    }
+  }
+  __syncthreads();
+  if (has) {
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) {
+      const std::uint64_t r = r0 + y + 8 * u;
+      if (r < rows) param[r * cols + c] = tile[y + 8 * u][x];
+    }
+  }
+  __syncthreads();  // (the block's next tile, if any, refills the shared memory)
+}
+
 template <class P, class G>
 __device__ __forceinline__ void update_block(const update_segment& s, std::uint64_t b, float factor) {
   // restrict-qualified locals: no store can alias a later load, so several rows' loads are in flight
@@ -544,24 +624,34 @@ __device__ __forceinline__ void update_block(const update_segment& s, std::uint6
   }
 }
 
+// Block b of a segment: a tile of a row-major matrix's selected columns, a selected column of a
+// column-contiguous one, or a vector's chunk (the same for every thread of the block).
+template <class P, class G>
+__device__ __forceinline__ void update_work(const update_segment& s, std::uint64_t b, float factor,
+                                            row_tile_shared& sh) {
+  if (s.columns && s.layout == matrix_layout::row_major) update_row_major_tile<P, G>(s, b, factor, sh);
+  else update_block<P, G>(s, b, factor);
+}
+
 // Work block x of `total` (a selected column, or a vector chunk) in block x % gridDim.x: one each
 // but where total exceeds the grid's limit (over 2^31 - 1 selected columns).
 template <int = 0>
 __global__ void __launch_bounds__(256) fused_update(const update_segment* segs, int nseg, std::uint64_t total,
                                                     float factor) {
+  __shared__ row_tile_shared sh;
   for (std::uint64_t x = blockIdx.x; x < total; x += gridDim.x) {
     const update_segment s = segs[find_segment(segs, nseg, x, [](const update_segment& u) { return u.block0; })];
     const std::uint64_t b = x - s.block0;
     switch (int(s.ptype) * 3 + int(s.gtype)) {
-      case 0: update_block<float, float>(s, b, factor); break;
-      case 1: update_block<float, bfloat16>(s, b, factor); break;
-      case 2: update_block<float, float16>(s, b, factor); break;
-      case 3: update_block<bfloat16, float>(s, b, factor); break;
-      case 4: update_block<bfloat16, bfloat16>(s, b, factor); break;
-      case 5: update_block<bfloat16, float16>(s, b, factor); break;
-      case 6: update_block<float16, float>(s, b, factor); break;
-      case 7: update_block<float16, bfloat16>(s, b, factor); break;
-      default: update_block<float16, float16>(s, b, factor); break;
+      case 0: update_work<float, float>(s, b, factor, sh); break;
+      case 1: update_work<float, bfloat16>(s, b, factor, sh); break;
+      case 2: update_work<float, float16>(s, b, factor, sh); break;
+      case 3: update_work<bfloat16, float>(s, b, factor, sh); break;
+      case 4: update_work<bfloat16, bfloat16>(s, b, factor, sh); break;
+      case 5: update_work<bfloat16, float16>(s, b, factor, sh); break;
+      case 6: update_work<float16, float>(s, b, factor, sh); break;
+      case 7: update_work<float16, bfloat16>(s, b, factor, sh); break;
+      default: update_work<float16, float16>(s, b, factor, sh); break;
     }
   }
 }
@@ -861,10 +951,10 @@ class fused_adamw<cuda_space> : public updater_registry<detail::cuda_matrix_stat
       cs[ncoeff++] = {s.counts[b].data(), s.coeffs.data(), slots,
                       group_hyper(hyper, s.p.lr_scale, s.p.weight_decay_scale)};
       u[nseg++] = {s.p.param, s.p.grad, s.master_of(b), s.exp_avg[b].data(), s.exp_avg_sq[b].data(),
-                   s.columns[b].data(), s.coeffs.data(), adamw_coeffs{}, s.p.rows, s.p.cols, 0, blocks,
+                   s.columns[b].data(), s.coeffs.data(), adamw_coeffs{}, s.p.rows, s.p.cols, s.active, blocks,
                    s.p.param_type, s.p.grad_type, s.p.layout};
       slots += s.active;
-      blocks += s.active;
+      blocks += s.p.layout == matrix_layout::row_major ? cuda_kernels::row_major_tiles(s.active, s.p.rows) : s.active;
     }
     for (auto& v : vectors_) {
       u[nseg++] = {v.p.param, v.p.grad, v.master_ptr(), v.exp_avg.data(), v.exp_avg_sq.data(), nullptr, nullptr,
