@@ -16,7 +16,8 @@
 //  - topk: the column top-k of all 224 matrices in one call, from device scores to the host's
 //    sorted lists (host wall time, read-back included; goal 1 ms);
 //  - step_overheads: per-step GPU idle inside step(): the summary read-back (host wall time of
-//    gradient_pass() minus its kernels' device time) and a selection step's top-k.
+//    gradient_pass() minus its kernels' device time) and a selection step's top-k; and the cost
+//    of the host's wait itself, a blocking-sync event against a polled one (event_wait).
 // Usage: cuda_kernels [--quick]   (quick: 4 layers, 5 repetitions)
 #include <cuda_runtime.h>
 
@@ -47,6 +48,15 @@ __global__ void fill_scores(double* s, std::size_t n, std::uint64_t seed) {
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 29;
   s[i] = double(x >> 11) * 0x1p-53;
+}
+
+// Spins for `ns` nanoseconds of the GPU's global timer (one thread).
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
 }
 
 // Median seconds of `work` and of a device-to-device copy moving `copy_bytes` (read + write),
@@ -149,6 +159,46 @@ int main(int argc, char** argv) try {
         std::fflush(stdout);
       }
     }
+
+  // What the wait itself costs: a 200 us spin kernel, then the host waits for an event recorded
+  // after it — a blocking-sync event (what cuda_space's events are: the thread sleeps) against a
+  // plain one polled with cudaEventQuery (a spinning core). Host wall time from the launch to the
+  // wait's return, medians; the difference is the sleeping thread's wake-up.
+  {
+    const unsigned long long ns = 200000;
+    cudaEvent_t sleeping, polled;
+    ZF_CUDA_TRY(cudaEventCreateWithFlags(&sleeping, cudaEventDisableTiming | cudaEventBlockingSync));
+    ZF_CUDA_TRY(cudaEventCreateWithFlags(&polled, cudaEventDisableTiming));
+    std::vector<double> slept, spun;
+    for (int r = -5; r < 20 * reps; ++r) {
+      for (int mode = 0; mode < 2; ++mode) {  // alternated
+        ZF_CUDA_TRY(cudaStreamSynchronize(s));
+        const auto t0 = std::chrono::steady_clock::now();
+        spin_ns<<<1, 1, 0, s>>>(ns);
+        ZF_CUDA_TRY(cudaGetLastError());
+        if (mode == 0) {
+          ZF_CUDA_TRY(cudaEventRecord(sleeping, s));
+          ZF_CUDA_TRY(cudaEventSynchronize(sleeping));
+        } else {
+          ZF_CUDA_TRY(cudaEventRecord(polled, s));
+          cudaError_t e;
+          while ((e = cudaEventQuery(polled)) == cudaErrorNotReady) {
+          }
+          ZF_CUDA_TRY(e);
+        }
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r >= 0) (mode == 0 ? slept : spun).push_back(dt);
+      }
+    }
+    ZF_CUDA_TRY(cudaEventDestroy(sleeping));
+    ZF_CUDA_TRY(cudaEventDestroy(polled));
+    const double a = median(slept), b = median(spun);
+    std::printf("{%s\"kernel\":\"step_overheads\",\"what\":\"event_wait\",\"spin_seconds\":%.6g,"
+                "\"blocking_sync_wall_seconds\":%.6g,\"polling_wall_seconds\":%.6g,\"wakeup_seconds\":%.6g,"
+                "\"gpu\":\"%s\",\"reps\":%zu}\n",
+                zf_bench::run_fields(), double(ns) * 1e-9, a, b, a - b, prop.name, slept.size());
+    std::fflush(stdout);
+  }
 
   // compaction of the unselected 90 % of every matrix (bf16)
   for (matrix_layout layout : {matrix_layout::column_contiguous, matrix_layout::row_major}) {
