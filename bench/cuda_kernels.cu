@@ -36,6 +36,7 @@
 
 using namespace zenflow;
 using zf_bench::median;
+using zf_bench::spin_ns;
 using zf_bench::timer;
 
 namespace {
@@ -48,15 +49,6 @@ __global__ void fill_scores(double* s, std::size_t n, std::uint64_t seed) {
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 29;
   s[i] = double(x >> 11) * 0x1p-53;
-}
-
-// Spins for `ns` nanoseconds of the GPU's global timer (one thread).
-__global__ void spin_ns(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
 }
 
 // Median seconds of `work` and of a device-to-device copy moving `copy_bytes` (read + write),

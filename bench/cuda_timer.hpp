@@ -1,5 +1,5 @@
-// What the CUDA benches share: the median of a set of timings, and CUDA-event timing of the work
-// a function enqueues on a stream (the GPU's own time for it).
+// What the CUDA benches share: the median of a set of timings, CUDA-event timing of the work a
+// function enqueues on a stream (the GPU's own time for it), and a kernel that spins for a time.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +10,17 @@
 #include <zenflow/cuda.hpp>
 
 namespace zf_bench {
+
+// One thread busy for `ns` of wall time, whatever the SM clock (the global timer counts
+// nanoseconds; a cycle count would run long whenever the SM is below its maximum clock).
+template <int = 0>
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -39,16 +39,6 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-// The forward/backward: busy for `ns` of wall time, whatever the SM clock (the global timer
-// counts nanoseconds; a cycle count would run long whenever the SM is below its maximum clock).
-__global__ void spin_ns(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
-}
-
 // bf16 gradients with a per-(column, step) random magnitude: the scores change every step.
 __global__ void fill_grads(std::uint16_t* g, std::size_t rows, std::size_t n, std::uint64_t seed) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
