@@ -633,8 +633,8 @@ __device__ __forceinline__ void update_work(const update_segment& s, std::uint64
   else update_block<P, G>(s, b, factor);
 }
 
-// Work block x of `total` (a selected column, or a vector chunk) in block x % gridDim.x: one each
-// but where total exceeds the grid's limit (over 2^31 - 1 selected columns).
+// Work block x of `total` (a row-major tile, a selected column, or a vector chunk) in block
+// x % gridDim.x: one each but where total exceeds the grid's limit (over 2^31 - 1 work blocks).
 template <int = 0>
 __global__ void __launch_bounds__(256) fused_update(const update_segment* segs, int nseg, std::uint64_t total,
                                                     float factor) {
