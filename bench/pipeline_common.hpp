@@ -69,26 +69,31 @@ struct result {
   double reduce_s = 0;  // data parallel: the gradient reduction, per step
   // The measured steps one by one (from one return of step() to the next): their median, and the
   // step that made a selection (0: none in the span) — its excess over the median is what a
-  // reselection (top-k, the column-state swaps) adds to a step.
-  double median_step_s = 0, selection_step_s = 0;
+  // reselection (the drain, top-k, the column-state swaps) adds to a step; of that step, the time
+  // step() waited for host work (the optimizer's stall_seconds over the step: the drain's wait
+  // for the host update in flight, which the selection must see applied).
+  double median_step_s = 0, selection_step_s = 0, selection_stall_s = 0;
 };
 
-// Times `steps` calls of one() one by one into r (median_step_s, selection_step_s); selections()
-// reads the optimizer's count of selections.
-template <class One, class Selections>
-void time_steps(int steps, One&& one, Selections&& selections, result& r) {
+// Times `steps` calls of one() one by one into r (median_step_s, selection_step_s,
+// selection_stall_s); stats() reads the optimizer's counters (selections, stall_seconds).
+template <class One, class Stats>
+void time_steps(int steps, One&& one, Stats&& stats, result& r) {
   std::vector<double> t;
   t.reserve(std::size_t(steps));
-  auto count = selections();
+  auto before = stats();
   auto prev = std::chrono::steady_clock::now();
   for (int s = 0; s < steps; ++s) {
     one();
     const auto now = std::chrono::steady_clock::now();
     t.push_back(std::chrono::duration<double>(now - prev).count());
     prev = now;
-    const auto c = selections();
-    if (c != count) r.selection_step_s = t.back();
-    count = c;
+    const auto after = stats();
+    if (after.selections != before.selections) {
+      r.selection_step_s = t.back();
+      r.selection_stall_s = after.stall_seconds - before.stall_seconds;
+    }
+    before = after;
   }
   if (t.empty()) return;
   std::sort(t.begin(), t.end());
@@ -222,6 +227,7 @@ inline result median_result(const std::vector<result>& rs) {
   m.reduce_s = med([](const result& r) { return r.reduce_s; });
   m.median_step_s = med([](const result& r) { return r.median_step_s; });
   m.selection_step_s = med([](const result& r) { return r.selection_step_s; });
+  m.selection_stall_s = med([](const result& r) { return r.selection_stall_s; });
   return m;
 }
 template <class RunZf, class RunZo>
@@ -276,7 +282,7 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                "\"host_threads\":%g,\"cores\":%u,\"upload_ahead\":%s,"
                "\"zenflow\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f],"
-               "\"median_step_s\":%.5f,\"selection_step_s\":%.5f},"
+               "\"median_step_s\":%.5f,\"selection_step_s\":%.5f,\"selection_stall_s\":%.5f},"
                "\"zero_offload\":{\"step_s\":%.5f,\"stall_s\":%.5f,\"host_update_s\":%.5f,\"device_work_s\":%.6f,"
                "\"d2h_bytes\":%.0f,\"h2d_bytes\":%.0f,\"bytes_over_model\":%.4f,\"link_s\":[%.5f,%.5f]},"
                "\"speedup\":%.3f,\"stall_reduction\":%s,\"pairs\":%d,\"speedup_range\":[%s,%s],"
@@ -286,7 +292,7 @@ inline void print_line(FILE* out, const char* device, const point& p, const mode
                zo.host_update_s > 0 ? compute / zo.host_update_s : 0.0, link_gbps, latency_us,
                threads_used, cores, p.upload_ahead ? "true" : "false", zf.step_s, zf.stall_s, zf.host_update_s, zf.device_work_s, zf.d2h_bytes,
                zf.h2d_bytes, (zf.d2h_bytes + zf.h2d_bytes) / model_bytes, zf.link_model_s[0], zf.link_model_s[1],
-               zf.median_step_s, zf.selection_step_s,
+               zf.median_step_s, zf.selection_step_s, zf.selection_stall_s,
                zo.step_s, zo.stall_s, zo.host_update_s, zo.device_work_s, zo.d2h_bytes, zo.h2d_bytes,
                (zo.d2h_bytes + zo.h2d_bytes) / model_bytes, zo.link_model_s[0], zo.link_model_s[1],
                pr ? pr->speedup : zo.step_s / zf.step_s,

@@ -97,7 +97,7 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   const auto st0 = opt.stats();
   const auto t0 = clock_type::now();
   result r;
-  time_steps(steps, one, [&] { return opt.stats().selections; }, r);
+  time_steps(steps, one, [&] { return opt.stats(); }, r);
   ZF_CUDA_TRY(cudaStreamSynchronize(s));
   const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
   const auto st = opt.stats();
@@ -175,7 +175,8 @@ void print_agreement(FILE* out, const point& p, double compute, const result& zf
   const double ebusy_zf = ezf.step_s - compute, ebusy_zo = ezo.step_s - compute;
   const double speedup = zo.step_s / zf.step_s, espeedup = ezo.step_s / ezf.step_s;
   auto ratio = [](double e, double r) { return r > 0 ? e / r : 0.0; };
-  // what the span's reselection added to its step (0: none measured)
+  // what the span's reselection added to its step (0: none measured), and of its step the wait
+  // for host work (selection_stall_s)
   auto extra = [](const result& x) { return x.selection_step_s > 0 ? x.selection_step_s - x.median_step_s : 0.0; };
   const double q[3] = {ratio(ezf.step_s, zf.step_s), ratio(ezo.step_s, zo.step_s), ratio(espeedup, speedup)};
   bool agree = true;
@@ -184,15 +185,15 @@ void print_agreement(FILE* out, const point& p, double compute, const result& zf
                "{%s\"bench\":\"pipeline_agreement\",\"sweep\":\"%s\",\"topk_ratio\":%g,\"update_interval\":%u,"
                "\"compute_s\":%.5f,\"host_threads\":%u,\"upload_ahead\":%s,"
                "\"real\":{\"zf_step_s\":%.5f,\"zo_step_s\":%.5f,\"zf_not_trainer_s\":%.5f,\"zo_not_trainer_s\":%.5f,"
-               "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f,\"zf_selection_extra_s\":%.5f},"
+               "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f,\"zf_selection_extra_s\":%.5f,\"zf_selection_stall_s\":%.5f},"
                "\"emulated\":{\"zf_step_s\":%.5f,\"zo_step_s\":%.5f,\"zf_not_trainer_s\":%.5f,\"zo_not_trainer_s\":%.5f,"
-               "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f,\"zf_selection_extra_s\":%.5f},"
+               "\"zf_host_update_s\":%.5f,\"zo_host_update_s\":%.5f,\"speedup\":%.3f,\"zf_selection_extra_s\":%.5f,\"zf_selection_stall_s\":%.5f},"
                "\"emulated_over_real\":{\"zf_step\":%.3f,\"zo_step\":%.3f,\"speedup\":%.3f,\"zf_not_trainer\":%.3f,"
                "\"zo_not_trainer\":%.3f,\"zf_host_update\":%.3f,\"zo_host_update\":%.3f},\"within_15_percent\":%s}\n",
                zf_bench::run_fields(),
                p.sweep, p.r, p.U, compute, p.threads, p.upload_ahead ? "true" : "false", zf.step_s, zo.step_s, busy_zf,
-               busy_zo, zf.host_update_s, zo.host_update_s, speedup, extra(zf), ezf.step_s, ezo.step_s, ebusy_zf, ebusy_zo,
-               ezf.host_update_s, ezo.host_update_s, espeedup, extra(ezf), q[0], q[1], q[2], ratio(ebusy_zf, busy_zf),
+               busy_zo, zf.host_update_s, zo.host_update_s, speedup, extra(zf), zf.selection_stall_s, ezf.step_s, ezo.step_s,
+               ebusy_zf, ebusy_zo, ezf.host_update_s, ezo.host_update_s, espeedup, extra(ezf), ezf.selection_stall_s, q[0], q[1], q[2], ratio(ebusy_zf, busy_zf),
                ratio(ebusy_zo, busy_zo), ratio(ezf.host_update_s, zf.host_update_s),
                ratio(ezo.host_update_s, zo.host_update_s), agree ? "true" : "false");
   std::fflush(out);

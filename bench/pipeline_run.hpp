@@ -43,7 +43,7 @@ result run(const model& shape, const zenflow::config& cfg, double compute_s, int
   const std::uint64_t l0[2] = {device_model::link_ns[0].load(), device_model::link_ns[1].load()};
   const auto t0 = clock_type::now();
   result r;
-  time_steps(steps, one, [&] { return opt.stats().selections; }, r);
+  time_steps(steps, one, [&] { return opt.stats(); }, r);
   const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
   const auto st = opt.stats();
   r.step_s = wall / steps;
