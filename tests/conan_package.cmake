@@ -29,7 +29,7 @@ conan(create "${SOURCE_DIR}/cmake/conan/system/xsimd")
 file(COPY "${SOURCE_DIR}/cmake/conan/test_package" DESTINATION "${WORK_DIR}")
 # (the code unoptimised, the package's and test_package's: CMAKE_CXX_FLAGS_RELEASE without -O3
 # and the kernels at the least level they take. This checks the recipe, not the code, which the
-# tests check at -O3; at -O3 the two packages' builds took ~300 s of compiler time here.)
+# test programs check; at -O3 the two packages' builds took ~300 s of compiler time here.)
 set(unoptimised "{'CMAKE_CXX_FLAGS_RELEASE': {'value': '-DNDEBUG', 'cache': True, 'type': 'STRING', 'force': True}, \
 'ZENFLOW_HOST_KERNELS_OPT': {'value': '-O1', 'cache': True, 'type': 'STRING', 'force': True}}")
 foreach(header_only False True)

@@ -241,8 +241,8 @@ endforeach()
 # With zenflow's install rules on (a parent that installs its own targets linking zenflow's), the
 # build makes every library they install, the MPI C API's too, and the install succeeds.
 # (The rest unoptimised, CMAKE_CXX_FLAGS_RELEASE without -O3: what this checks is the build's
-# wiring, not its code, which the tests check at -O3; the C API libraries' two sources took 220 s
-# of compiler time here at -O3, a third of that at -O0.)
+# wiring, not its code, which the test programs check; the C API libraries' two sources took
+# 220 s of compiler time here at -O3, a third of that at -O0.)
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-subdir" -G "${GENERATOR}"
     -DCMAKE_CXX_COMPILER=${CXX_COMPILER} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" -DZF_SOURCE_DIR=${SOURCE_DIR} -DZENFLOW_ENABLE_CUDA=OFF
     -DZENFLOW_HOST_KERNELS_OPT=-O1 -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG -DZENFLOW_INSTALL=ON

@@ -32,8 +32,8 @@ endif()
 message(STATUS "the port's options: ${options}")
 
 # (the port's configure, its code unoptimised: the kernels at the least level they take, the rest
-# without -O3. This checks the port's layout and options, not the code, which the tests check at
-# -O3; at -O3 the library's build took ~200 s of compiler time here.)
+# without -O3. This checks the port's layout and options, not the code, which the test programs
+# check; at -O3 the library's build took ~200 s of compiler time here.)
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
     -DCMAKE_BUILD_TYPE=Release ${options} -DZENFLOW_ENABLE_CUDA=OFF "-DCMAKE_INSTALL_PREFIX=${staging}"
     -DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG -DZENFLOW_HOST_KERNELS_OPT=-O1)
