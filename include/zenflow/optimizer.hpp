@@ -2597,7 +2597,8 @@ class optimizer {
   // on the host (plan: detail::plan_swap of the current and the next list; slots: its leave,
   // stay and join slot lists one after the other), then carried out in bulk: device-side slot
   // moves, and one transfer per chunk and array for each direction (12*rows + 4 bytes per column
-  // changing sides).
+  // changing sides), whose columns the host accumulator's threads (idle: a reselection runs
+  // drained) scatter to or gather from their places in the host arrays.
   void swap_columns(std::size_t i, std::vector<std::uint32_t>&& next, const detail::swap_plan& plan,
                     const std::vector<std::uint32_t>& slots) {
     auto& d = updater_.matrix(i);
@@ -2644,8 +2645,8 @@ class optimizer {
           space_.move_slots(dev_stage_.data(), nullptr, dev_cur[a], leave_dev + c0, m, 4 * rows);
         }
         transport_.to_host(st, dev_stage_.data(), m * rows * 4);
-        for (std::size_t k = 0; k < m; ++k)
-          std::memcpy(host_arr[a] + std::size_t(leave_col[c0 + k] - h0) * rows, st + k * rows * 4, rows * 4);
+        host::copy_pieces(host_.arena(), m, rows * 4, [&](std::size_t k) { return host_arr[a] + std::size_t(leave_col[c0 + k] - h0) * rows; },
+                          [&](std::size_t k) { return st + k * rows * 4; });
       }
       space_.move_slots(dev_stage_.data(), nullptr, d.counts[cur].data(), leave_dev + c0, m, 4);
       transport_.to_host(st, dev_stage_.data(), m * 4);
@@ -2667,7 +2668,8 @@ class optimizer {
           const std::size_t m = std::min(chunk, jto - c0);
           if (reset && a > 0) std::memset(st, 0, m * per);
           else
-            for (std::size_t k = 0; k < m; ++k) std::memcpy(st + k * per, src + std::size_t(join_col[c0 + k] - h0) * per, per);
+            host::copy_pieces(host_.arena(), m, per, [&](std::size_t k) { return st + k * per; },
+                              [&](std::size_t k) { return src + std::size_t(join_col[c0 + k] - h0) * per; });
           transport_.to_device(all + c0 * per, st, m * per);
         }
         gather_list(i, join_col.data(), nj, all, per, true);
@@ -2679,8 +2681,8 @@ class optimizer {
         for (int a = a0; a < 3; ++a) {
           if (reset && a > 0) std::memset(st, 0, m * rows * 4);
           else
-            for (std::size_t k = 0; k < m; ++k)
-              std::memcpy(st + k * rows * 4, host_arr[a] + std::size_t(join_col[c0 + k]) * rows, rows * 4);
+            host::copy_pieces(host_.arena(), m, rows * 4, [&](std::size_t k) { return st + k * rows * 4; },
+                              [&](std::size_t k) { return host_arr[a] + std::size_t(join_col[c0 + k]) * rows; });
           transport_.to_device(dev_stage_.data(), st, m * rows * 4);
           space_.move_slots(dev_nxt[a], join_dev + c0, dev_stage_.data(), nullptr, m, 4 * rows);
         }
