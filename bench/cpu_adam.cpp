@@ -9,7 +9,8 @@
 // (--isa: the best tier the CPU has unless given.) --versus adds lines timing the kernels that
 // round to bf16 on --isa's tier and on TIER alternately, on the same buffers: "speedup" is
 // TIER's median time over the tier's. A rank_sum line times the data-parallel reduction's sum
-// (4 ranks' bf16 pieces) on the arena against the calling thread alone ("speedup").
+// (4 ranks' bf16 pieces) on the arena against the calling thread alone ("speedup"), and a
+// column_scatter line a reselection's column moves (copy_pieces) against one thread's loop.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -249,6 +250,47 @@ int main(int argc, char** argv) try {
             "\"calling_thread_seconds\":%.6g,\"speedup\":%.4f,\"isa\":\"%s\",\"reps\":%d,\"cpu\":\"%s\"}\n",
             zf_bench::run_fields(),
             n, t, sa, gb / sa, ss, ss / sa, std::string(name_of(tier)).c_str(), reps, cpu.c_str());
+        std::fflush(stdout);
+      }
+      // A reselection's column moves (copy_pieces): n fp32 values as columns of 2048 rows,
+      // scattered from a contiguous stage to their places (a fixed shuffle of the columns) in a
+      // host array, on the arena against one thread's memcpy loop, alternately on the same
+      // buffers: "speedup" is the loop's median time over the arena's.
+      if (n >= 2048) {
+        constexpr std::size_t rows = 2048;
+        const std::size_t cols = n / rows;
+        std::vector<std::uint32_t> place(cols);
+        for (std::size_t c = 0; c < cols; ++c) place[c] = std::uint32_t(c);
+        std::shuffle(place.begin(), place.end(), std::mt19937(7));
+        host_array<float> stage(cols * rows), dst(cols * rows), loop_dst(cols * rows);
+        parallel_blocks(arena, cols * rows, [&](std::size_t b, std::size_t e) {
+          for (std::size_t i = b; i < e; ++i) {
+            stage[i] = float(i % 1000003);
+            dst[i] = loop_dst[i] = 0.0f;
+          }
+        });
+        auto from = [&](std::size_t c) { return stage.data() + c * rows; };
+        std::vector<double> ta, ts;
+        for (int r = -1; r < reps; ++r)
+          for (int which = 0; which < 2; ++which) {
+            const bool alone = (which == 1) ^ (r % 2 != 0);
+            const auto t0 = std::chrono::steady_clock::now();
+            if (alone) {
+              for (std::size_t c = 0; c < cols; ++c) std::memcpy(loop_dst.data() + place[c] * rows, from(c), rows * 4);
+            } else {
+              copy_pieces(arena, cols, rows * 4, [&](std::size_t c) { return dst.data() + place[c] * rows; }, from);
+            }
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (r >= 0) (alone ? ts : ta).push_back(dt);
+          }
+        if (std::memcmp(dst.data(), loop_dst.data(), 4 * cols * rows) != 0)
+          throw std::runtime_error("column_scatter: the arena's copy differs from the loop's");
+        const double sa = median(ta), ss = median(ts);
+        const double gb = 8.0 * double(cols * rows) / 1e9;
+        std::printf(
+            "{%s\"kernel\":\"column_scatter_f32_r2048\",\"n\":%zu,\"threads\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
+            "\"calling_thread_seconds\":%.6g,\"speedup\":%.4f,\"reps\":%d,\"cpu\":\"%s\"}\n",
+            zf_bench::run_fields(), cols * rows, t, sa, gb / sa, ss, ss / sa, reps, cpu.c_str());
         std::fflush(stdout);
       }
       if (!versus) continue;
