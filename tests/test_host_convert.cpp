@@ -386,8 +386,9 @@ TEST_CASE("copy_pieces moves each piece to its place, whatever the size and the 
   for (unsigned threads : {1u, 2u, 3u}) {
     tbb::task_arena arena{int(threads)};
     // (pieces, bytes per piece): from 1 byte to 20 KiB, under and over the threshold in total
-    for (const auto& [n, bytes] : {std::pair<std::size_t, std::size_t>{1, 1}, {3, 4}, {64, 4099},
-                                  {2, serial_copy_below / 2 + 8}, {97, 8196}, {517, 20484}}) {
+    for (const auto& size : {std::pair<std::size_t, std::size_t>{1, 1}, {3, 4}, {64, 4099},
+                             {2, serial_copy_below / 2 + 8}, {97, 8196}, {517, 20484}}) {
+      const std::size_t n = size.first, bytes = size.second;  // (not a structured binding: lambdas use them)
       CAPTURE(threads);
       CAPTURE(n);
       CAPTURE(bytes);

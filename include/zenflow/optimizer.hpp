@@ -2645,7 +2645,7 @@ class optimizer {
           space_.move_slots(dev_stage_.data(), nullptr, dev_cur[a], leave_dev + c0, m, 4 * rows);
         }
         transport_.to_host(st, dev_stage_.data(), m * rows * 4);
-        host::copy_pieces(host_.arena(), m, rows * 4, [&](std::size_t k) { return host_arr[a] + std::size_t(leave_col[c0 + k] - h0) * rows; },
+        host::copy_pieces(host_.arena(), m, rows * 4, [&](std::size_t k) { return host_arr[a] + std::size_t(plan.leave_col[c0 + k] - h0) * rows; },
                           [&](std::size_t k) { return st + k * rows * 4; });
       }
       space_.move_slots(dev_stage_.data(), nullptr, d.counts[cur].data(), leave_dev + c0, m, 4);
@@ -2669,7 +2669,7 @@ class optimizer {
           if (reset && a > 0) std::memset(st, 0, m * per);
           else
             host::copy_pieces(host_.arena(), m, per, [&](std::size_t k) { return st + k * per; },
-                              [&](std::size_t k) { return src + std::size_t(join_col[c0 + k] - h0) * per; });
+                              [&](std::size_t k) { return src + std::size_t(plan.join_col[c0 + k] - h0) * per; });
           transport_.to_device(all + c0 * per, st, m * per);
         }
         gather_list(i, join_col.data(), nj, all, per, true);
@@ -2682,7 +2682,7 @@ class optimizer {
           if (reset && a > 0) std::memset(st, 0, m * rows * 4);
           else
             host::copy_pieces(host_.arena(), m, rows * 4, [&](std::size_t k) { return st + k * rows * 4; },
-                              [&](std::size_t k) { return host_arr[a] + std::size_t(join_col[c0 + k]) * rows; });
+                              [&](std::size_t k) { return host_arr[a] + std::size_t(plan.join_col[c0 + k]) * rows; });
           transport_.to_device(dev_stage_.data(), st, m * rows * 4);
           space_.move_slots(dev_nxt[a], join_dev + c0, dev_stage_.data(), nullptr, m, 4 * rows);
         }
